@@ -1,0 +1,27 @@
+"""rlvr's typed configuration: sections, presets, loading and validation (standard library + PyYAML only)."""
+
+from rlvr.config.loading import ConfigError, from_dict, load_config, read_yaml, to_dict, to_yaml
+from rlvr.config.presets import default_config
+from rlvr.config.sections import (
+    AlgorithmConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    DataConfig,
+    EvalConfig,
+    ExperimentConfig,
+    GenerationConfig,
+    LearnerConfig,
+    LoggingConfig,
+    ModelConfig,
+    RewardFunctionConfig,
+    RewardsConfig,
+    RolloutConfig,
+)
+from rlvr.config.validation import check_resources, validate
+
+__all__ = [
+    "AlgorithmConfig", "CheckpointConfig", "ClusterConfig", "ConfigError", "DataConfig", "EvalConfig",
+    "ExperimentConfig", "GenerationConfig", "LearnerConfig", "LoggingConfig", "ModelConfig",
+    "RewardFunctionConfig", "RewardsConfig", "RolloutConfig", "check_resources", "default_config",
+    "from_dict", "load_config", "read_yaml", "to_dict", "to_yaml", "validate",
+]

@@ -1,0 +1,350 @@
+"""Typed config: one dataclass per section of INTERFACES.md §1, and the root `ExperimentConfig`.
+
+Every field has a docstring (tyro renders it as `--help` text and `docs/config.md` is generated from it).
+Defaults follow INTERFACES.md §1 and cite their source. This module imports only the standard library so
+that `import rlvr.config` stays fast on a login node (a test checks that torch/ray/vllm/deepspeed stay out).
+Values discovered at run time (world size, GPU count) live in the run context, never here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass
+class ModelConfig:
+    """The policy model."""
+
+    path: str = "builtin:tiny"
+    """Local HF directory, hub name, or `builtin:tiny` (a small Qwen2-shaped model with random weights and
+    a BPE tokenizer trained on the task's text, built in code: no downloads)."""
+    tokenizer_path: str | None = None
+    """Tokenizer location when it differs from `path`."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype: `auto` = bfloat16 on GPU, float32 on CPU."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    """Attention kernels: `auto` = flash_attention_2 when installed on GPU, else sdpa."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory (open-instruct always turns it on for GPUs)."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's (a file path or the template text)."""
+    trust_remote_code: bool = False
+    """Allow model code from the model directory (transformers `trust_remote_code`)."""
+    tiny_hidden_size: int = 64
+    """Width of the `builtin:tiny` model."""
+    tiny_num_layers: int = 2
+    """Layers of the `builtin:tiny` model."""
+    tiny_num_heads: int = 4
+    """Attention heads of the `builtin:tiny` model."""
+    tiny_vocab_size: int = 256
+    """Target BPE vocabulary size of the `builtin:tiny` tokenizer."""
+
+
+@dataclass
+class DataConfig:
+    """Training prompts."""
+
+    datasets: list[str] = field(default_factory=lambda: ["builtin:copy"])
+    """Datasets: local JSONL / Parquet / Arrow files, hub names, or built-in offline tasks (`builtin:copy`)."""
+    weights: list[float] = field(default_factory=list)
+    """Sampling weight per dataset for the mixer (empty = proportional to size)."""
+    split: str = "train"
+    """Split to read from hub datasets and built-in tasks."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt text (used when `messages_column` is absent from a row)."""
+    messages_column: str = "messages"
+    """Column holding chat messages ([{role, content}]); takes precedence over `prompt_column`."""
+    ground_truth_column: str = "ground_truth"
+    """Column holding the reference answer passed to verifiers."""
+    system_prompt: str | None = None
+    """System message prepended to every prompt."""
+    apply_chat_template: bool = True
+    """Render prompts with the tokenizer's chat template (off: raw prompt text)."""
+    max_prompt_tokens: int = 512
+    """Prompts longer than this are dropped and counted (`data/dropped_too_long`)."""
+    shuffle_seed: int = 0
+    """Seed of the per-epoch shuffle."""
+    num_epochs: int = 1
+    """Passes over the training data (the run also stops at `num_steps`)."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """`error`: list every malformed row before training, then stop; `skip`: drop and count them."""
+    num_builtin_rows: int = 2000
+    """Rows generated for a built-in task's training split."""
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling settings of the rollout engines."""
+
+    num_samples: int = 8
+    """Group size G: completions per prompt (GRPO; INTERFACES default 8)."""
+    temperature: float = 1.0
+    """Sampling temperature; the learner divides its logits by the same value."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0 = off; keep off in training so learner and engine log-probs agree)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    max_new_tokens: int = 256
+    """Maximum completion length; longer completions end with finish_reason `length`."""
+    stop_strings: list[str] = field(default_factory=list)
+    """Strings that end a completion (the string is kept in the text)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a completion, in addition to the tokenizer's EOS."""
+
+
+@dataclass
+class RolloutConfig:
+    """The generation pipeline."""
+
+    prompts_per_step: int = 16
+    """B: prompt groups trained per step (after filtering)."""
+    async_steps: int = 1
+    """How many policy versions the engines may run ahead of the learner (0 = strictly on-policy)."""
+    filter_zero_variance: bool = True
+    """Drop groups whose G rewards are all equal: they carry no gradient (DAPO dynamic sampling)."""
+    active_sampling: bool = False
+    """Keep pulling prompts until B informative groups are collected (DAPO); off: train on what is left."""
+    max_pull_factor: float = 4.0
+    """With active sampling, stop topping up after pulling this many times B prompts in one step."""
+    inflight_updates: bool = True
+    """Update weights while requests run (PipelineRL); off: drain running requests before loading."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Engine implementation: `transformers` (CPU or small GPU runs) or `vllm` (needs the `gpu` extra)."""
+    engine_batch_size: int = 32
+    """Transformers engine: sequences decoded together."""
+    vllm_gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory vLLM may take (colocated runs use less)."""
+    vllm_enforce_eager: bool = False
+    """Disable CUDA graphs in vLLM."""
+    vllm_enable_prefix_caching: bool = True
+    """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
+    timeout_s: float = 600.0
+    """Seconds the driver waits for one step's rollouts before failing loudly."""
+
+
+@dataclass
+class RewardFunctionConfig:
+    """One reward function applied to every completion."""
+
+    name: str = "math"
+    """Registered reward name (see `rlvr reward --help` for the list) or an import path `pkg.mod:fn`."""
+    weight: float = 1.0
+    """Weight in the total reward sum."""
+    params: dict[str, float | int | str | bool] = field(default_factory=dict)
+    """Keyword arguments passed to the function."""
+
+
+@dataclass
+class RewardsConfig:
+    """Reward functions and the verifier pool."""
+
+    functions: list[RewardFunctionConfig] = field(default_factory=list)
+    """Functions applied to every completion, besides the verifiers routed per row."""
+    verifier_column: str = "verifier"
+    """Dataset column naming each row's verifier(s) (open-instruct style routing)."""
+    primary: str | None = None
+    """Function whose maximum defines `correct` (default: the first routed verifier)."""
+    custom: list[str] = field(default_factory=list)
+    """Import paths `pkg.module:fn` of user reward functions to register."""
+    num_workers: int = 2
+    """Verifier worker processes."""
+    timeout_s: float = 10.0
+    """Per-call time limit; a call that exceeds it scores None (status `timeout`)."""
+    max_queue: int = 1024
+    """Pending calls before submit blocks (back-pressure)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """Advantages, the policy loss and its corrections (ALGORITHMS.md)."""
+
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+    """`group` (GRPO), `batch` (mean per group, std over batch), `none` (Dr. GRPO: centred only)."""
+    advantage_std: Literal["unbiased", "population"] = "unbiased"
+    """Std flavour: unbiased N-1 (TRL) or population (DeepSeekMath)."""
+    advantage_eps: float = 1e-4
+    """Added to the std before dividing (TRL)."""
+    loss: Literal["dapo", "grpo", "dr_grpo", "gspo", "cispo", "sapo"] = "dapo"
+    """Policy loss: clipped surrogate (dapo/grpo/dr_grpo), GSPO sequence ratio, CISPO, SAPO soft gate."""
+    aggregation: Literal["auto", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "bnpo"] = "auto"
+    """Loss normaliser; `auto` takes the loss's paper default (dapo: token-mean over the optimizer step)."""
+    clip_eps_low: float = 0.2
+    """Lower clip 1 - eps_low (PPO/DAPO)."""
+    clip_eps_high: float = 0.28
+    """Upper clip 1 + eps_high (DAPO clip-higher)."""
+    clip_delta: float | None = None
+    """Dual-clip bound for negative advantages (None = off)."""
+    cispo_eps_max: float = 5.0
+    """CISPO absolute cap on the stop-gradient ratio (MiniMax-M1)."""
+    sapo_tau_pos: float = 1.0
+    """SAPO gate temperature for positive advantages."""
+    sapo_tau_neg: float = 1.05
+    """SAPO gate temperature for negative advantages."""
+    kl_beta: float = 0.0
+    """KL penalty weight; 0 drops the reference model entirely."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman): k3 is the low-variance default."""
+    tis_mode: Literal["off", "token", "token_mask", "sequence_mask"] = "token"
+    """Engine/learner mismatch correction: truncated IS per token (open-instruct default) or masking."""
+    tis_cap: float = 2.0
+    """TIS cap C (open-instruct 2.0, TRL 3.0); upper bound for mask modes."""
+    tis_min: float = 0.5
+    """Lower ratio bound for the mask modes."""
+    mask_truncated: bool = False
+    """Mask completions cut at max_new_tokens out of the loss (they still count in group statistics)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong penalty buffer C in tokens (0 = off)."""
+    overlong_penalty: float = 1.0
+    """Scale of the soft overlong penalty."""
+    non_stop_penalty: float | None = None
+    """Reward given to completions that end without a stop token (None = off; open-instruct)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = entropy is only logged, without gradient)."""
+    num_mini_batches: int = 1
+    """Optimizer steps per rollout batch; with >1 the old log-probs are recomputed first so clipping acts."""
+    num_epochs: int = 1
+    """Passes over each rollout batch."""
+
+
+@dataclass
+class LearnerConfig:
+    """Optimizer, DeepSpeed and packing."""
+
+    backend: Literal["deepspeed", "torch"] = "deepspeed"
+    """Training engine: DeepSpeed (ZeRO 0/2/3) or plain torch DDP-style all-reduce."""
+    lr: float = 1e-6
+    """Peak learning rate (AdamW)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.999
+    """AdamW beta2."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup optimizer steps."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 = off)."""
+    zero_stage: Literal[0, 1, 2, 3] = 0
+    """DeepSpeed ZeRO stage."""
+    offload_optimizer: bool = False
+    """DeepSpeed optimizer-state offload to CPU."""
+    offload_params: bool = False
+    """DeepSpeed parameter offload to CPU (ZeRO-3)."""
+    pack_length: int = 4096
+    """Tokens per packed row; must hold max prompt + max completion."""
+    micro_batch_rows: int = 1
+    """Packed rows per micro-batch (forward/backward pass)."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk when computing log-probs (never materialise full fp32 logits of a row)."""
+    attention: Literal["auto", "varlen", "mask"] = "auto"
+    """Packed attention: `varlen` (position-id restarts / flash-attn varlen), `mask` (block-diagonal)."""
+
+
+@dataclass
+class ClusterConfig:
+    """Actors and their placement."""
+
+    num_learners: int = 1
+    """Data-parallel learner ranks (one GPU each on GPUs)."""
+    num_engines: int = 1
+    """Generation engine actors."""
+    engine_tp: int = 1
+    """Tensor-parallel GPUs per engine."""
+    colocate: bool = False
+    """Learners and engines share GPUs (CUDA IPC weight transfer, vLLM sleep/wake)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where actors run: `auto` = cuda when Ray reports GPUs."""
+    address: str | None = None
+    """Ray address to join (default: $RAY_ADDRESS, else start a local cluster)."""
+    num_nodes: int = 1
+    """Nodes expected in the cluster (for validating the GPU split before start)."""
+    gpus_per_node: int = 0
+    """GPUs per node expected (0 = unknown: the split is checked against Ray's report at start)."""
+    cpus_per_actor: float = 1.0
+    """Ray CPUs reserved per learner/engine actor (CPU runs)."""
+    num_verifier_actors: int = 1
+    """Ray actors each holding a verifier pool."""
+    actor_timeout_s: float = 300.0
+    """Seconds any single actor call may take before the run fails loudly."""
+
+
+@dataclass
+class EvalConfig:
+    """In-training evaluation."""
+
+    datasets: list[str] = field(default_factory=list)
+    """Eval datasets (empty = the `split` of the training datasets, or a built-in task's held-out rows)."""
+    split: str = "test"
+    """Split of the eval data."""
+    every_n_steps: int = 10
+    """Evaluate every N training steps (0 = never)."""
+    at_step_0: bool = True
+    """Evaluate before training (the baseline for gains)."""
+    num_samples: int = 1
+    """Samples per eval prompt (k)."""
+    greedy: bool = True
+    """Greedy decoding for eval (otherwise the training temperature)."""
+    max_prompts: int = 128
+    """Eval prompts used (0 = all)."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Run directory and checkpoints."""
+
+    output_dir: str = "runs"
+    """Parent directory of run directories."""
+    every_n_steps: int = 0
+    """Save every N steps (0 = only at the end)."""
+    keep_last: int = 2
+    """Complete checkpoints kept."""
+    resume: str = "auto"
+    """`auto` (newest complete checkpoint of this run, if any), a checkpoint path, or `never`."""
+    save_final: bool = True
+    """Save a checkpoint when training ends."""
+
+
+@dataclass
+class LoggingConfig:
+    """Console, files and wandb."""
+
+    run_name: str | None = None
+    """Run directory name under `checkpoint.output_dir` (default: rlvr-<timestamp>)."""
+    console_progress: bool = True
+    """Live progress line (step, reward, eval, tokens/s, ETA)."""
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""
+    wandb_mode: Literal["off", "online", "offline"] = "off"
+    """Weights & Biases logging."""
+    wandb_project: str = "rlvr"
+    """wandb project."""
+    wandb_entity: str | None = None
+    """wandb entity (team)."""
+    samples_every_n_steps: int = 1
+    """Write sampled completions to samples.jsonl every N steps (0 = never)."""
+    num_logged_samples: int = 4
+    """Completions written per logging step."""
+
+
+@dataclass
+class ExperimentConfig:
+    """A whole rlvr run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    num_steps: int = 100
+    """Training steps (one rollout batch each)."""
+    seed: int = 0
+    """Global seed (model init, sampling, data order)."""
