@@ -1,0 +1,96 @@
+"""Reward shaping for length: soft overlong penalty, non-stop penalty, truncated-completion masking.
+
+- Soft overlong punishment (DAPO §3.4, eq. 13), with Lmax = max_completion_length and buffer C:
+    p(L) = 0                      if L <= Lmax - C
+           (Lmax - C - L) / C     if Lmax - C < L <= Lmax
+           -1                     if L > Lmax
+  scaled by `overlong_penalty` and ADDED to the task reward.
+- Non-stop penalty (open-instruct `non_stop_penalty`): a completion that ends without a stop token
+  (finish_reason "length") has its reward REPLACED by the fixed value `non_stop_penalty`.
+- Overlong filtering (DAPO §3.4 "overlong filtering"): with `mask_truncated`, truncated completions get
+  loss_mask False, but keep their reward, so they still count in their group's mean/std.
+
+Invariants: shaping never turns a None reward into a number except through the non-stop penalty (which is
+a fixed reward, by definition independent of the verifier); only finish_reason "length" counts as truncated
+("abort" samples are the orchestrator's business and are never shaped here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.types import Group, RewardResult
+
+
+@dataclass(frozen=True)
+class ShapingConfig:
+    """The shaping fields of `AlgorithmConfig`; max_completion_length comes from generation.max_new_tokens."""
+
+    max_completion_length: int
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    non_stop_penalty: float | None = None
+    mask_truncated: bool = False
+
+
+def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer: int, scale: float = 1.0) -> torch.Tensor:
+    """DAPO soft overlong penalty per completion length (float tensor, <= 0); buffer 0 means off (all zeros)."""
+    if buffer < 0 or buffer > max_completion_length:
+        raise ValueError(f"overlong_buffer must be in [0, max_completion_length={max_completion_length}], got {buffer}")
+    lengths = lengths.to(torch.float64)
+    if buffer == 0:
+        return torch.zeros_like(lengths)
+    start = max_completion_length - buffer
+    ramp = (start - lengths) / buffer
+    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
+    penalty = torch.where(lengths > max_completion_length, torch.full_like(lengths, -1.0), penalty)
+    return scale * penalty
+
+
+def shape_rewards(
+    totals: Sequence[float | None],
+    completion_lengths: Sequence[int],
+    finish_reasons: Sequence[str],
+    config: ShapingConfig,
+) -> tuple[list[float | None], list[bool]]:
+    """Apply non-stop and overlong shaping; returns (shaped rewards, loss-mask flags) per sample."""
+    if not (len(totals) == len(completion_lengths) == len(finish_reasons)):
+        raise ValueError("totals, completion_lengths and finish_reasons must have the same length")
+    penalties = overlong_penalty(
+        torch.tensor(list(completion_lengths), dtype=torch.float64),
+        config.max_completion_length,
+        config.overlong_buffer,
+        config.overlong_penalty,
+    ).tolist()
+    shaped: list[float | None] = []
+    loss_mask: list[bool] = []
+    for total, penalty, reason in zip(totals, penalties, finish_reasons):
+        truncated = reason == "length"
+        if truncated and config.non_stop_penalty is not None:
+            total = config.non_stop_penalty
+        elif total is not None:
+            total = total + penalty
+        shaped.append(total)
+        loss_mask.append(not (truncated and config.mask_truncated))
+    return shaped, loss_mask
+
+
+def shape_group(group: Group, config: ShapingConfig) -> dict[str, float]:
+    """Shape one group in place: rewritten `rewards[i].total` and `loss_masks`; returns counts."""
+    if len(group.rewards) != group.num_samples:
+        raise ValueError(f"group {group.prompt_id} has {group.num_samples} samples but {len(group.rewards)} rewards")
+    shaped, loss_mask = shape_rewards(
+        [r.total for r in group.rewards],
+        [len(s.completion_token_ids) for s in group.samples],
+        [s.finish_reason for s in group.samples],
+        config,
+    )
+    group.rewards = [
+        RewardResult(r.scores, total, r.correct, r.status, r.error, r.elapsed_s) for r, total in zip(group.rewards, shaped)
+    ]
+    group.loss_masks = loss_mask
+    num_truncated = sum(s.finish_reason == "length" for s in group.samples)
+    return {"rollout/num_truncated": float(num_truncated), "rollout/num_loss_masked": float(loss_mask.count(False))}
