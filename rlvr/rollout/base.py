@@ -1,0 +1,94 @@
+"""The generation-engine protocol (INTERFACES.md §3), shared by the transformers and vLLM engines.
+
+An engine is a plain class (no Ray); `rlvr.orchestration` wraps it in a Ray actor whose methods may be
+called from several threads at once (max_concurrency > 1), so every method must be thread-safe.
+
+Invariants every implementation keeps:
+- Requests stream in per prompt (`submit`) and completed groups stream out (`poll`): a prompt's
+  `num_samples` samples are returned together, in `sample_index` order, and never before all are done.
+- `Sample.logprobs` holds one entry per completion token: log-softmax(logits / temperature) of the sampled
+  token, before top-p/top-k filtering (training uses top_p 1, top_k 0, so this equals the learner's
+  distribution); greedy requests (temperature < 1e-5) record temperature-1 log-probs.
+- A stop token (EOS or `stop_token_ids`) is kept in `completion_token_ids` with its log-prob; a stop string
+  truncates the completion after the token that completed it. Both give finish_reason "stop"; reaching
+  `max_new_tokens` gives "length"; `abort_all` drops requests and returns their prompt ids (no samples).
+- `version_start` is `policy_version` when the sample's sequence was admitted, `version_end` when it
+  finished. A weight update is pause -> (drain running requests when in-flight updates are off) -> load ->
+  bump `policy_version` -> resume; with in-flight updates running sequences continue on the new weights, so
+  `version_end` can exceed `version_start`.
+- With `SamplingParams.seed` set, sample j of a prompt draws from its own generator seeded with seed + j,
+  so its tokens do not depend on which other requests share the batch.
+- An exception raised inside an engine's background work is re-raised by the next `poll`, `generate` or
+  `stats` call, never swallowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from rlvr.types import PromptRequest, Sample
+
+GREEDY_TEMPERATURE_EPS = 1e-5
+"""Temperatures below this mean greedy decoding (argmax); log-probs are then taken at temperature 1."""
+
+
+class EngineError(RuntimeError):
+    """An error raised in an engine's background worker, re-raised to the caller (cause chained)."""
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """One generation engine: streams prompts in and completed groups of samples out."""
+
+    engine_id: int
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights currently loaded (bumped by `load_weights`)."""
+        ...
+
+    def submit(self, requests: list[PromptRequest]) -> None:
+        """Enqueue prompts without blocking; each expands to `num_samples` sequences."""
+        ...
+
+    def poll(self) -> list[Sample]:
+        """Samples of prompts completed since the last poll (whole groups only); never blocks."""
+        ...
+
+    def pause(self) -> None:
+        """Stop admitting new requests; running ones keep their state (and, unless drained, keep decoding)."""
+        ...
+
+    def resume(self) -> None:
+        """Admit requests again after `pause`."""
+        ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """pause -> (drain if in-flight updates are off) -> load HF-named tensors -> policy_version = version
+        -> resume (unless the caller had paused the engine itself)."""
+        ...
+
+    def score(
+        self, prompt_token_ids: list[int], completion_token_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """Teacher-forced log-probs of the completion tokens under the current weights (one per token)."""
+        ...
+
+    def generate(self, requests: list[PromptRequest], timeout_s: float = 600) -> list[Sample]:
+        """Blocking convenience: submit and wait for exactly these prompts; samples in request order."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges: running, queued, completed prompts, generated tokens, tokens/s, version."""
+        ...
+
+    def abort_all(self) -> list[str]:
+        """Drop every queued and running request; return their prompt ids (for re-queueing)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop background work and free the model; idempotent."""
+        ...
