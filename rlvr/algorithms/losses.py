@@ -118,7 +118,8 @@ def surrogate_loss(
         weight = torch.clamp(ratio, max=config.cispo_eps_max).detach()
         return -weight * advantages * logprobs, ratio
     if config.loss == "sapo":
-        tau = torch.where(advantages > 0, config.sapo_tau_pos, config.sapo_tau_neg).to(ratio.dtype)
+        tau_pos = torch.full_like(ratio, config.sapo_tau_pos)  # full_like keeps fp64 (a bare float would be fp32)
+        tau = torch.where(advantages > 0, tau_pos, torch.full_like(ratio, config.sapo_tau_neg))
         return -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages, ratio
     raise ValueError(f"unknown algorithm.loss {config.loss!r}; choose one of {sorted(AUTO_AGGREGATION)}")
 
