@@ -1,0 +1,7 @@
+"""Imports every module of built-in reward functions so that their `@register_reward`s run.
+
+Invariant: importing this module registers all built-in names and imports no heavy dependency
+(math-verify and sympy are imported on the first math call).
+"""
+
+from rlvr.rewards import code_verifiers, ifeval, math_verifiers, shaping, text_match  # noqa: F401

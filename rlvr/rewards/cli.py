@@ -1,0 +1,154 @@
+"""`rlvr reward`: score completions from the command line, to try reward functions before training.
+
+Two modes:
+- one completion: `--fn math --reference "42" --completion "... \\boxed{42}"`;
+- a JSONL file: `--input rows.jsonl [--output scored.jsonl]`; each row has `completion` and the metadata fields
+  (`ground_truth`, the verifier column, `tests`, ..., optionally `completion_token_ids`).
+
+Output (INTERFACES.md §5): one JSON object per completion, `{"scores": {...}, "total": ..., "correct": ...,
+"status": "ok", "error": ..., "elapsed_s": ...}`, on stdout; with `--output`, the rows extended with those
+fields go to the file and stdout gets one summary object. Exit code 0, or 2 for a usage error (message on
+stderr). `run_reward` is what `rlvr reward` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.rewards.scorer import RewardFunctionSpec, RewardScorer, RewardsSettings
+from rlvr.types import RewardResult
+
+
+@dataclass
+class RewardArgs:
+    """Score completions with rlvr's reward functions."""
+
+    fn: list[str] = field(default_factory=list)
+    """Reward functions applied to every completion (registered names or 'pkg.module:fn'), e.g. --fn math."""
+    reference: str | None = None
+    """Ground truth for a single --completion (becomes metadata['ground_truth'])."""
+    completion: str | None = None
+    """One completion to score (needs --fn)."""
+    input: str | None = None
+    """JSONL file of rows, each with 'completion' plus metadata fields (ground_truth, verifier, tests, ...)."""
+    output: str | None = None
+    """Where to write the scored rows (JSONL); without it, one result object per row is printed."""
+    weights: list[float] = field(default_factory=list)
+    """Weights of the --fn functions, in the same order (default 1.0 each)."""
+    params: list[str] = field(default_factory=list)
+    """Function params as fn.key=value, e.g. --params cosine_length.max_tokens=512 (value parsed as JSON)."""
+    verifier_column: str = "verifier"
+    """Row field naming the row's verifier(s), scored in addition to --fn."""
+    primary: str | None = None
+    """Function deciding 'correct' (default: the first --fn, else the row's first routed verifier)."""
+    custom: list[str] = field(default_factory=list)
+    """Import paths of modules registering custom reward functions ('pkg.module' or 'pkg.module:fn')."""
+    timeout_s: float = 10.0
+    """Per-completion time limit in seconds (enforced when num_workers >= 1)."""
+    num_workers: int = 1
+    """Verifier worker processes; 0 scores in this process without time limits."""
+
+
+def _parse_params(args: RewardArgs) -> dict[str, dict[str, Any]]:
+    params: dict[str, dict[str, Any]] = {}
+    for item in args.params:
+        target, eq, raw = item.partition("=")
+        fn, dot, key = target.rpartition(".")
+        if not eq or not dot or not fn:
+            raise ValueError(f"--params {item!r}: expected fn.key=value")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        params.setdefault(fn, {})[key] = value
+    unknown = set(params) - set(args.fn)
+    if unknown:
+        raise ValueError(f"--params for {sorted(unknown)}, which are not in --fn {args.fn}")
+    return params
+
+
+def _settings(args: RewardArgs) -> RewardsSettings:
+    if args.weights and len(args.weights) != len(args.fn):
+        raise ValueError(f"--weights has {len(args.weights)} values for {len(args.fn)} --fn functions")
+    params = _parse_params(args)
+    weights = args.weights or [1.0] * len(args.fn)
+    functions = [RewardFunctionSpec(name, w, params.get(name, {})) for name, w in zip(args.fn, weights)]
+    primary = args.primary or (args.fn[0] if args.fn else None)
+    return RewardsSettings(functions=functions, verifier_column=args.verifier_column,
+                           num_workers=max(1, args.num_workers), timeout_s=args.timeout_s, primary=primary,
+                           custom=list(args.custom))
+
+
+def _rows(args: RewardArgs) -> list[dict[str, Any]]:
+    if args.completion is not None:
+        if args.input is not None:
+            raise ValueError("give either --completion or --input, not both")
+        if not args.fn:
+            raise ValueError("--completion needs at least one --fn")
+        row: dict[str, Any] = {"completion": args.completion}
+        if args.reference is not None:
+            row["ground_truth"] = args.reference
+        return [row]
+    if args.input is None:
+        raise ValueError("give --completion (with --fn) or --input rows.jsonl")
+    rows = []
+    with open(args.input, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("completion"), str):
+                raise ValueError(f"{args.input}:{line_no}: each row needs a string 'completion'")
+            rows.append(row)
+    return rows
+
+
+def _score(args: RewardArgs, settings: RewardsSettings, rows: list[dict[str, Any]]) -> list[RewardResult]:
+    items = [(r["completion"], {k: v for k, v in r.items() if k not in ("completion", "completion_token_ids")},
+              r.get("completion_token_ids")) for r in rows]
+    if args.num_workers <= 0:
+        scorer = RewardScorer(settings)
+        return [scorer.score(*item) for item in items]
+    from rlvr.rewards.pool import VerifierPool
+
+    with VerifierPool(settings, max_queue=max(1, min(len(items), settings.max_queue))) as pool:
+        return pool.score_many(items)
+
+
+def run_reward(args: RewardArgs) -> int:
+    """Score the completions `args` names and print the results (module docstring); returns the exit code."""
+    try:
+        settings = _settings(args)
+        rows = _rows(args)
+        results = _score(args, settings, rows)
+    except (ValueError, OSError) as e:
+        print(f"rlvr reward: {e}", file=sys.stderr)
+        return 2
+    if args.output is None:
+        for result in results:
+            print(json.dumps(result.to_json(), ensure_ascii=False))
+        return 0
+    with open(args.output, "w", encoding="utf-8") as f:
+        for row, result in zip(rows, results):
+            f.write(json.dumps({**row, **result.to_json()}, ensure_ascii=False) + "\n")
+    totals = [r.total for r in results if r.total is not None]
+    corrects = [r.correct for r in results if r.correct is not None]
+    print(json.dumps({"rows": len(results), "output": args.output,
+                      "mean_total": sum(totals) / len(totals) if totals else None,
+                      "correct_rate": sum(corrects) / len(corrects) if corrects else None,
+                      "status": dict(Counter(r.status for r in results))}))
+    return 0
+
+
+def main() -> None:
+    import tyro
+
+    sys.exit(run_reward(tyro.cli(RewardArgs)))
+
+
+if __name__ == "__main__":
+    main()

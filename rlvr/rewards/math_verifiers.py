@@ -1,0 +1,127 @@
+"""Math verifiers: `math`, `math_boxed_strict` (math-verify equivalence) and `gsm8k` (last number).
+
+Invariants:
+- Scores are 1.0 (equivalent to the ground truth) or 0.0; None only when the row has no ground truth.
+- Only the text after the reasoning block is searched (`answer_text.final_answer_text`).
+- math-verify is called with its own timeouts disabled (`parsing_timeout=None`, `timeout_seconds=None`):
+  they use SIGALRM, which only works in the main thread. Time is bounded by the caller instead: the
+  `VerifierPool` workers (soft SIGALRM in the worker's main thread plus a hard kill from the parent).
+- Input size is bounded before sympy sees it: a boxed answer longer than `max_answer_chars` scores 0, and
+  without a box only the last `tail_chars` characters are parsed, so a 100 kB completion costs no more
+  than a short one.
+- A `ground_truth` list means "any of these": the score is the max over golds.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from rlvr.rewards.answer_text import final_answer_text, last_boxed, last_number
+from rlvr.rewards.registry import register_reward
+
+
+@functools.cache
+def _math_verify() -> Any:
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
+
+    # We disable its SIGALRM timeouts on purpose (module docstring); silence its one-time warning about it.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> tuple[Any, ...]:
+    mv = _math_verify()
+    text = gold.strip()
+    if "$" not in text and "\\boxed" not in text and "\\(" not in text and "\\[" not in text:
+        text = f"${text}$"  # a bare LaTeX gold such as "\frac{1}{2}" has no anchor for math-verify to find
+    parsed = mv.parse(text, parsing_timeout=None)
+    if not parsed:  # e.g. a gold that is plain text: fall back to the raw string for exact comparison
+        parsed = mv.parse(gold, parsing_timeout=None)
+    return tuple(parsed)
+
+
+def _golds(metadata: dict) -> list[str] | None:
+    gold = metadata.get("ground_truth")
+    if gold is None:
+        return None
+    golds = gold if isinstance(gold, (list, tuple)) else [gold]
+    return [str(g) for g in golds]
+
+
+def _equivalent(golds: list[str], pred_source: str) -> float:
+    mv = _math_verify()
+    pred = mv.parse(pred_source, parsing_timeout=None)
+    if not pred:
+        return 0.0
+    for gold in golds:
+        gold_parsed = _parse_gold(gold)
+        if gold_parsed and mv.verify(list(gold_parsed), pred, timeout_seconds=None):
+            return 1.0
+    return 0.0
+
+
+@register_reward("math")
+def math_reward(completion_text: str, metadata: dict, max_answer_chars: int = 1000,
+                tail_chars: int = 2000) -> float | None:
+    """1.0 if the answer (last `\\boxed{}`, else last LaTeX/number in the tail) equals the ground truth.
+
+    Equivalence is math-verify's: numbers, fractions, percentages, units in `\\text{}`, intervals, sets,
+    equations and symbolic expressions.
+    """
+    golds = _golds(metadata)
+    if golds is None:
+        return None
+    answer = final_answer_text(completion_text)
+    boxed = last_boxed(answer)
+    if boxed is not None:
+        if len(boxed) > max_answer_chars:
+            return 0.0
+        return _equivalent(golds, f"\\boxed{{{boxed}}}")
+    tail = answer[-tail_chars:]
+    if not tail.strip():
+        return 0.0
+    return _equivalent(golds, tail)
+
+
+@register_reward("math_boxed_strict")
+def math_boxed_strict_reward(completion_text: str, metadata: dict, max_answer_chars: int = 1000) -> float | None:
+    """Like `math`, but only the last `\\boxed{}` after the reasoning block counts; no box scores 0."""
+    golds = _golds(metadata)
+    if golds is None:
+        return None
+    boxed = last_boxed(final_answer_text(completion_text))
+    if boxed is None or not boxed.strip() or len(boxed) > max_answer_chars:
+        return 0.0
+    return _equivalent(golds, f"\\boxed{{{boxed}}}")
+
+
+def _to_float(number: str) -> float | None:
+    try:
+        return float(number.replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+@register_reward("gsm8k")
+def gsm8k_reward(completion_text: str, metadata: dict, rel_tol: float = 1e-6) -> float | None:
+    """1.0 if the last number of the answer equals the gold number (GSM8K "#### 42" golds accepted)."""
+    golds = _golds(metadata)
+    if golds is None:
+        return None
+    pred = last_number(final_answer_text(completion_text))
+    if pred is None:
+        return 0.0
+    pred_value = _to_float(pred)
+    for gold in golds:
+        gold_text = gold.split("####")[-1]
+        gold_number = last_number(gold_text)
+        gold_value = _to_float(gold_number) if gold_number is not None else None
+        if gold_value is not None and pred_value is not None:
+            if abs(pred_value - gold_value) <= rel_tol * max(1.0, abs(gold_value)):
+                return 1.0
+    return 0.0
