@@ -1,0 +1,293 @@
+"""Loading training/eval rows from files, saved datasets, the hub and built-in tasks, with validation.
+
+Specs: `builtin:<task>`; a local `.jsonl` / `.json` / `.parquet` / `.arrow` / `.feather` file; a directory
+written by `datasets.save_to_disk`; otherwise a hub name for `datasets.load_dataset` (needs a network).
+
+Every row is normalised to
+    {"dataset": name, "row": index, "messages": [...] or "prompt": str, "ground_truth": ...,
+     "verifier": str | list[str] | None, "extra": {other columns}}
+
+Invariants:
+- `row` is the row's position in its source (JSONL: among non-blank lines), so it is stable whether or not
+  bad rows are skipped; prompt ids built from it survive restarts.
+- Validation never stops at the first problem: `DataError.bad_rows` holds every bad row (file, line/row,
+  field, reason) and the message lists them. An empty dataset is a `DataError` naming the file.
+- With `on_bad_row == "skip"` bad rows are returned separately (`LoadedDataset.bad_rows`) so callers count
+  them; `load_rows` then returns only the good rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlvr.config.sections import ExperimentConfig
+from rlvr.data.tasks import builtin_rows
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_TEST_ROWS = 200
+"""Rows of a built-in task's test split (fixed, so eval is comparable across runs)."""
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".feather")
+_MAX_LISTED = 200
+
+
+@dataclass
+class BadRow:
+    """One row that failed validation."""
+
+    source: str
+    row: int
+    field: str
+    reason: str
+    line: int | None = None  # 1-based line number for JSONL files
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line} (row {self.row})" if self.line is not None else f"{self.source} row {self.row}"
+        return f"{where}: field {self.field!r}: {self.reason}"
+
+
+class DataError(ValueError):
+    """A dataset cannot be used as is; `bad_rows` lists every bad row found (possibly empty)."""
+
+    def __init__(self, message: str, bad_rows: list[BadRow] | None = None) -> None:
+        super().__init__(message)
+        self.bad_rows = list(bad_rows or [])
+
+
+@dataclass
+class LoadedDataset:
+    """A validated dataset: good rows (normalised) and the bad ones (skip mode only)."""
+
+    name: str
+    source: str
+    rows: list[dict[str, Any]]
+    bad_rows: list[BadRow] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the source, good and bad."""
+        return len(self.rows) + len(self.bad_rows)
+
+
+def dataset_name(spec: str) -> str:
+    """Short stable name of a dataset spec: `builtin:copy` as is, a file's stem, a hub name as is."""
+    if spec.startswith(BUILTIN_PREFIX):
+        return spec
+    path = Path(spec)
+    if path.suffix in FILE_SUFFIXES or path.is_dir():
+        return path.stem if path.suffix in FILE_SUFFIXES else path.name
+    return spec
+
+
+def _read_jsonl(path: Path) -> tuple[list[tuple[int, int, Any]], list[BadRow]]:
+    """(row index, line number, parsed value) for each non-blank line, plus malformed lines as bad rows."""
+    entries: list[tuple[int, int, Any]] = []
+    bad: list[BadRow] = []
+    row = 0
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append((row, line_no, json.loads(line)))
+            except json.JSONDecodeError as e:
+                bad.append(BadRow(str(path), row, "<line>", f"malformed JSON line: {e.msg} at column {e.colno}", line_no))
+            row += 1
+    return entries, bad
+
+
+def _read_json(path: Path) -> tuple[list[tuple[int, int | None, Any]], list[BadRow]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return _read_jsonl(path)  # JSON Lines saved as .json (as `datasets` accepts)
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(data) == 1 and len(lists) == 1:
+            data = lists[0]  # {"data": [...]}
+        elif lists and len(lists) == len(data) and len({len(v) for v in lists}) == 1:
+            keys = list(data)
+            data = [dict(zip(keys, values)) for values in zip(*lists)]  # columnar {"col": [...], ...}
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of row objects (or JSON Lines), got {type(data).__name__}")
+    return [(i, None, value) for i, value in enumerate(data)], []
+
+
+def _read_arrow(path: Path) -> list[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    if path.suffix == ".feather":
+        return feather.read_table(path).to_pylist()
+    with pa.memory_map(str(path)) as source:
+        try:
+            return pa.ipc.open_file(source).read_all().to_pylist()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            return pa.ipc.open_stream(source).read_all().to_pylist()  # `datasets` cache files are streams
+
+
+def _read_saved_dataset(path: Path, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise DataError(f"{path}: no split {split!r}; available: {', '.join(loaded)}")
+        loaded = loaded[split]
+    return loaded.to_list()
+
+
+def _read_hub(spec: str, split: str) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        return datasets.load_dataset(spec, split=split).to_list()
+    except Exception as e:  # trust boundary: the network and the hub; re-raised with the spec named
+        raise DataError(
+            f"could not load dataset {spec!r} (split {split!r}) from the Hugging Face hub: {type(e).__name__}: {e}. "
+            "Local datasets must be an existing .jsonl/.json/.parquet/.arrow file or a save_to_disk directory; "
+            "hub names need a network connection."
+        ) from e
+
+
+def read_raw_rows(spec: str, cfg: ExperimentConfig, split: str) -> tuple[list[tuple[int, int | None, Any]], list[BadRow]]:
+    """Raw rows of a spec as (row index, line number or None, value), plus unreadable rows."""
+    if spec.startswith(BUILTIN_PREFIX):
+        task = spec[len(BUILTIN_PREFIX):]
+        num_rows = cfg.data.num_builtin_rows if split == "train" else BUILTIN_TEST_ROWS
+        rows = builtin_rows(task, "train" if split == "train" else "test", num_rows, cfg.seed)
+        return [(i, None, r) for i, r in enumerate(rows)], []
+    path = Path(spec)
+    if path.is_dir():
+        return [(i, None, r) for i, r in enumerate(_read_saved_dataset(path, split))], []
+    if path.suffix in FILE_SUFFIXES or spec.startswith((".", "/", "~")):
+        if not path.is_file():
+            raise DataError(f"dataset file not found: {spec}")
+        if path.suffix == ".jsonl":
+            return _read_jsonl(path)
+        if path.suffix == ".json":
+            return _read_json(path)
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return [(i, None, r) for i, r in enumerate(pq.read_table(path).to_pylist())], []
+        if path.suffix in (".arrow", ".feather"):
+            return [(i, None, r) for i, r in enumerate(_read_arrow(path))], []
+        raise DataError(f"{spec}: unsupported file type {path.suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
+    return [(i, None, r) for i, r in enumerate(_read_hub(spec, split))], []
+
+
+def _check_messages(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return f"wrong type: expected a list of {{role, content}} messages, got {type(value).__name__}"
+    if not value:
+        return "empty prompt: the message list is empty"
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return f"wrong type: message {i} must be an object with string 'role' and 'content'"
+    if not any(m["content"].strip() for m in value):
+        return "empty prompt: every message content is blank"
+    return None
+
+
+def normalise_row(
+    value: Any,
+    name: str,
+    source: str,
+    row: int,
+    line: int | None,
+    cfg: ExperimentConfig,
+    known_verifiers: set[str] | None,
+) -> tuple[dict[str, Any] | None, list[BadRow]]:
+    """Validate one raw row and normalise it; returns (row or None, its problems: all of them)."""
+    data = cfg.data
+    problems: list[BadRow] = []
+
+    def bad(col: str, reason: str) -> None:
+        problems.append(BadRow(source, row, col, reason, line))
+
+    if not isinstance(value, dict):
+        bad("<row>", f"wrong type: expected a JSON object, got {type(value).__name__}")
+        return None, problems
+    out: dict[str, Any] = {"dataset": name, "row": row}
+    used = {data.messages_column, data.prompt_column, data.ground_truth_column, cfg.rewards.verifier_column}
+    if value.get(data.messages_column) is not None:
+        reason = _check_messages(value[data.messages_column])
+        if reason:
+            bad(data.messages_column, reason)
+        out["messages"] = value[data.messages_column]
+    elif data.prompt_column in value and value[data.prompt_column] is not None:
+        prompt = value[data.prompt_column]
+        if not isinstance(prompt, str):
+            bad(data.prompt_column, f"wrong type: expected a string, got {type(prompt).__name__}")
+        elif not prompt.strip():
+            bad(data.prompt_column, "empty prompt")
+        out["prompt"] = prompt
+    else:
+        bad(data.prompt_column, f"missing column (need {data.prompt_column!r} or {data.messages_column!r})")
+    if value.get(data.ground_truth_column) is None:
+        bad(data.ground_truth_column, "missing column")
+    out["ground_truth"] = value.get(data.ground_truth_column)
+    verifier = value.get(cfg.rewards.verifier_column)
+    if verifier is not None:
+        names = [verifier] if isinstance(verifier, str) else verifier
+        if not isinstance(names, list) or not names or not all(isinstance(v, str) and v for v in names):
+            bad(cfg.rewards.verifier_column, f"wrong type: expected a verifier name or a list of names, got {verifier!r}")
+        elif known_verifiers is not None:
+            for v in names:
+                if v not in known_verifiers:
+                    bad(cfg.rewards.verifier_column, f"unknown verifier {v!r}; known: {', '.join(sorted(known_verifiers))}")
+    out["verifier"] = verifier
+    out["extra"] = {k: v for k, v in value.items() if k not in used}
+    return (None if problems else out), problems
+
+
+def format_bad_rows(source: str, bad_rows: list[BadRow]) -> str:
+    """A message listing the bad rows (every one, up to a large cap; all are in `DataError.bad_rows`)."""
+    num_rows = len({b.row for b in bad_rows})
+    lines = [f"{source}: {num_rows} bad row(s) ({len(bad_rows)} problem(s)); fix them or set data.on_bad_row=skip:"]
+    lines += [f"  {b}" for b in bad_rows[:_MAX_LISTED]]
+    if len(bad_rows) > _MAX_LISTED:
+        lines.append(f"  ... and {len(bad_rows) - _MAX_LISTED} more (see DataError.bad_rows)")
+    return "\n".join(lines)
+
+
+def load_dataset_rows(
+    spec: str, cfg: ExperimentConfig, split: str, known_verifiers: set[str] | None = None
+) -> LoadedDataset:
+    """Read, validate and normalise a dataset. Raises `DataError` on an empty dataset and, unless
+    `cfg.data.on_bad_row == "skip"`, on any bad row (listing all of them)."""
+    name = dataset_name(spec)
+    raw, bad_rows = read_raw_rows(spec, cfg, split)
+    if not raw and not bad_rows:
+        raise DataError(f"dataset {spec!r} (split {split!r}) is empty: no rows")
+    rows: list[dict[str, Any]] = []
+    for row, line, value in raw:
+        normalised, problems = normalise_row(value, name, spec, row, line, cfg, known_verifiers)
+        bad_rows.extend(problems)
+        if normalised is not None:
+            rows.append(normalised)
+    bad_rows.sort(key=lambda b: b.row)
+    if bad_rows and cfg.data.on_bad_row != "skip":
+        raise DataError(format_bad_rows(spec, bad_rows), bad_rows)
+    if not rows:
+        raise DataError(f"dataset {spec!r} (split {split!r}) has no usable rows:\n" + format_bad_rows(spec, bad_rows), bad_rows)
+    if bad_rows:
+        logger.warning("%s: skipping %d bad row(s) (data.on_bad_row=skip)", spec, len({b.row for b in bad_rows}))
+    unique_bad: dict[int, BadRow] = {}
+    for b in bad_rows:
+        unique_bad.setdefault(b.row, b)
+    return LoadedDataset(name=name, source=spec, rows=rows, bad_rows=list(unique_bad.values()))
+
+
+def load_rows(
+    spec: str, cfg: ExperimentConfig, split: str, known_verifiers: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """The good, normalised rows of a dataset spec (see `load_dataset_rows` for errors and skip mode)."""
+    return load_dataset_rows(spec, cfg, split, known_verifiers).rows
