@@ -16,10 +16,15 @@ def segment_index(sample_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Map sample ids (any shape) to dense segment indices 0..S-1 (padding -> S); returns (index, S)."""
     flat = sample_ids.reshape(-1)
     valid = flat >= 0
-    unique, inverse = torch.unique(flat[valid], return_inverse=True)
-    num_segments = int(unique.numel())
-    index = torch.full_like(flat, num_segments)
-    index[valid] = inverse
+    if not bool(valid.any()):
+        return torch.zeros_like(flat).reshape(sample_ids.shape), 0
+    # Dense renumbering through a presence table: O(tokens + max id), unlike torch.unique(return_inverse=True),
+    # which sorts and took ~0.3 s for 110k unsorted packed tokens on CPU.
+    present = torch.zeros(int(flat.max()) + 1, dtype=torch.long, device=flat.device)
+    present[flat[valid]] = 1
+    num_segments = int(present.sum())
+    dense = present.cumsum(0) - 1
+    index = torch.where(valid, dense[flat.clamp(min=0)], torch.full_like(flat, num_segments))
     return index.reshape(sample_ids.shape), num_segments
 
 
