@@ -1,0 +1,71 @@
+"""Built-in tasks: row shape, disjoint and deterministic splits, and the copy reward on hand cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.data import BUILTIN_TASKS, builtin_corpus, builtin_rows, copy_reward
+from rlvr.data.tasks import COPY_ALPHABET
+
+
+def test_copy_rows_shape() -> None:
+    rows = builtin_rows("copy", "train", 50, seed=0)
+    assert len(rows) == 50
+    for r in rows:
+        assert set(r) == {"prompt", "ground_truth", "verifier"}
+        assert r["verifier"] == "copy"
+        assert r["prompt"] == r["ground_truth"] + "="
+        assert 3 <= len(r["ground_truth"]) <= 6
+        assert set(r["ground_truth"]) <= set(COPY_ALPHABET)
+
+
+@pytest.mark.parametrize("task", BUILTIN_TASKS)
+def test_splits_disjoint_and_test_deterministic(task: str) -> None:
+    train = {r["prompt"] for r in builtin_rows(task, "train", 2000, seed=3)}
+    test = builtin_rows(task, "test", 200, seed=3)
+    assert train.isdisjoint(r["prompt"] for r in test)
+    assert builtin_rows(task, "test", 200, seed=99) == test  # the test split ignores the seed
+    assert builtin_rows(task, "train", 20, seed=1) == builtin_rows(task, "train", 20, seed=1)
+    assert builtin_rows(task, "train", 20, seed=1) != builtin_rows(task, "train", 20, seed=2)
+
+
+def test_arith_rows() -> None:
+    for r in builtin_rows("arith", "train", 30, seed=0):
+        a, b = r["prompt"].rstrip("=").split("+")
+        assert r["ground_truth"] == str(int(a) + int(b))
+
+
+def test_corpus_covers_every_character() -> None:
+    corpus = "".join(builtin_corpus("copy"))
+    chars = set("".join(r["prompt"] for r in builtin_rows("copy", "test", 200, 0)))
+    assert chars <= set(corpus)
+
+
+def test_unknown_task_and_split() -> None:
+    with pytest.raises(ValueError, match="unknown built-in task"):
+        builtin_rows("nope", "train", 1, 0)
+    with pytest.raises(ValueError, match="splits"):
+        builtin_rows("copy", "validation", 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("completion", "target", "expected"),
+    [
+        ("abc", "abc", 1.0),
+        (" abc\n", "abc", 1.0),  # surrounding whitespace is stripped
+        ("abd", "abc", 2 / 3),
+        ("abcabc", "abc", 3 / 6),  # overlong answers are penalised
+        ("ab", "abcd", 2 / 4),
+        ("cba", "abc", 1 / 3),
+        ("", "abc", 0.0),
+        ("", "", 1.0),
+        ("xyz", "abc", 0.0),
+    ],
+)
+def test_copy_reward_hand_cases(completion: str, target: str, expected: float) -> None:
+    assert copy_reward(completion, {"ground_truth": target}) == pytest.approx(expected)
+
+
+def test_copy_reward_numeric_ground_truth() -> None:
+    assert copy_reward("13", {"ground_truth": 13}) == 1.0
+    assert copy_reward("12", {"ground_truth": "13"}) == 0.5
