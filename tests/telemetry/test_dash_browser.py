@@ -1,0 +1,201 @@
+"""The dashboard in a real headless browser (Debian chromium + chromium-driver, driven by selenium).
+
+Checks what a person would: every chart has data points in the DOM, runs overlay, the completions table
+filters, the page picks up records appended while it is open (a partial last line included), and the
+exported HTML renders with the network unreachable. Screenshots go to test-artifacts/.
+
+Without chromium these tests skip with the reason, except under CI (CI=true), where .ci/run installs it and a
+missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlvr.telemetry.dashboard import export_html, make_server
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = REPO / "tests" / "fixtures" / "run_tiny"
+ARTIFACTS = Path(os.environ.get("RLVR_TEST_ARTIFACTS", REPO / "test-artifacts"))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHARTS = ["reward", "correct", "eval", "eval-breakdown", "length", "kl", "entropy", "clip", "policy-loss",
+          "staleness", "throughput", "time", "packing", "explore"]
+HEADLESS_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1400,2400"]
+OFFLINE_FLAGS = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
+
+
+def _need_browser() -> None:
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    reason = None
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        reason = "selenium not installed (pip install -e '.[test]')"
+    if missing:
+        reason = f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver (.ci/run does this)"
+    if reason and os.environ.get("CI"):
+        pytest.fail(f"CI must run the browser tests: {reason}")
+    if reason:
+        pytest.skip(reason)
+
+
+def _driver(tmp: Path, extra: list[str] = ()) -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in [*HEADLESS_FLAGS, *extra, f"--user-data-dir={tmp}"]:
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    _need_browser()
+    driver = _driver(tmp_path_factory.mktemp("chrome-profile"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture()
+def served(tmp_path: Path) -> Iterator[Callable[..., str]]:
+    servers = []
+
+    def start(*run_dirs: Path) -> str:
+        server = make_server([str(d) for d in run_dirs], port=0, refresh_s=0.3)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _wait(cond: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _points(driver: Any, chart: str) -> int:
+    return int(driver.execute_script(f"return document.querySelectorAll('#chart-{chart} svg .pt').length"))
+
+
+def _rows(driver: Any) -> list[str]:
+    return driver.execute_script("return [...document.querySelectorAll('#samples-table tbody tr')].map(r => r.innerText)")
+
+
+def _copy_run(tmp: Path, name: str) -> Path:
+    run = tmp / name
+    shutil.copytree(FIXTURE, run)
+    return run
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callable[..., str], tmp_path: Path) -> None:
+    run = _copy_run(tmp_path, "run_tiny")
+    metrics, samples = _lines(run / "metrics.jsonl"), _lines(run / "samples.jsonl")
+    browser.get(served(run))
+    _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
+    for chart in CHARTS:
+        assert _points(browser, chart) > 0, f"chart {chart} has no data points"
+    num_reward_keys = len({k for m in metrics for k in m if k.startswith("reward/") and k.endswith("_mean")})
+    assert _points(browser, "reward") == num_reward_keys * len(metrics)
+    assert browser.execute_script("return document.querySelectorAll('#chart-kl path.series').length") == 1
+    assert browser.execute_script("return document.querySelectorAll('#chart-length .sample-dot').length") == len(samples)
+    assert browser.execute_script("return document.querySelectorAll('#chart-time rect.bar').length") == 4 * len(metrics)
+
+    assert len(_rows(browser)) == len(samples)
+    box = browser.find_element("id", "f-text")
+    box.send_keys("hello")
+    hello = [s for s in samples if "hello" in s["prompt"] + s["completion"] + s["prompt_id"]]
+    _wait(lambda: len(_rows(browser)) == len(hello), what="text filter")
+    assert 0 < len(hello) < len(samples) and all("hello" in r for r in _rows(browser))
+    box.clear()
+    browser.execute_script("document.getElementById('f-text').dispatchEvent(new Event('input'))")
+    browser.execute_script("const s = document.getElementById('f-correct'); s.value = '1'; s.dispatchEvent(new Event('input'))")
+    _wait(lambda: len(_rows(browser)) == sum(bool(s["correct"]) for s in samples), what="outcome filter")
+    browser.execute_script("const s = document.getElementById('f-correct'); s.value = ''; s.dispatchEvent(new Event('input'))")
+    browser.execute_script("const s = document.getElementById('f-step'); s.value = '2'; s.dispatchEvent(new Event('input'))")
+    _wait(lambda: len(_rows(browser)) == sum(s["step"] == 2 for s in samples), what="step filter")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "dashboard_live.png"))
+
+    # The trainer appends a step: half a line first (must be ignored), then the rest and a new sample.
+    new = dict(metrics[-1], step=len(metrics) + 1, **{"loss/kl": 0.5})
+    text = json.dumps(new) + "\n"
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(text[:40])
+        f.flush()
+        time.sleep(1.0)
+        assert _points(browser, "kl") == len(metrics)
+        f.write(text[40:])
+    with (run / "samples.jsonl").open("a") as f:
+        f.write(json.dumps(dict(samples[-1], step=len(metrics) + 1, prompt="a fresh prompt")) + "\n")
+    _wait(lambda: _points(browser, "kl") == len(metrics) + 1, what="live refresh of metrics")
+    assert _points(browser, "reward") == num_reward_keys * (len(metrics) + 1)
+    browser.execute_script("const s = document.getElementById('f-step'); s.value = ''; s.dispatchEvent(new Event('input'))")
+    _wait(lambda: len(_rows(browser)) == len(samples) + 1, what="live refresh of samples")
+
+
+def test_two_runs_overlay(browser: Any, served: Callable[..., str], tmp_path: Path) -> None:
+    run_a = _copy_run(tmp_path / "a", "run_tiny")
+    run_b = _copy_run(tmp_path / "b", "run_tiny")
+    metrics = _lines(run_a / "metrics.jsonl")
+    browser.get(served(run_a, run_b))
+    _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
+    assert browser.execute_script("return document.querySelectorAll('#chart-kl path.series').length") == 2
+    legend = browser.execute_script("return document.querySelector('#chart-kl .legend').innerText")
+    assert "a/run_tiny" in legend and "b/run_tiny" in legend
+    assert _points(browser, "entropy") == 2 * len(metrics)
+    dashes = browser.execute_script(
+        "return [...document.querySelectorAll('#chart-kl path.series')].map(p => p.getAttribute('stroke-dasharray'))")
+    assert len(set(dashes)) == 2
+    # Hiding a run removes its series.
+    browser.execute_script("document.querySelector('#runs input').click()")
+    _wait(lambda: _points(browser, "entropy") == len(metrics), what="run toggle")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "dashboard_overlay.png"))
+
+
+def test_export_opens_with_no_network(tmp_path: Path) -> None:
+    _need_browser()
+    report = export_html([str(FIXTURE)], tmp_path / "report.html")
+    driver = _driver(tmp_path / "profile", OFFLINE_FLAGS)
+    try:
+        driver.get(report.as_uri())
+        _wait(lambda: driver.execute_script("return document.body.dataset.ready === '1'"), what="export render")
+        for chart in CHARTS:
+            assert _points(driver, chart) > 0, f"exported chart {chart} has no data points"
+        assert len(_rows(driver)) == len(_lines(FIXTURE / "samples.jsonl"))
+        # Nothing was requested besides the page itself, and it never polls a server.
+        assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+        assert "static export" in driver.find_element("id", "status-text").text
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "dashboard_export.png"))
+    finally:
+        driver.quit()
