@@ -24,7 +24,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rlvr.config.sections import DataConfig, ExperimentConfig
+from rlvr.config.sections import DataConfig, ExperimentConfig, ModelConfig
 from rlvr.data.sources import BadRow, DataError, LoadedDataset, dataset_name, load_dataset_rows
 from rlvr.types import PromptRequest, SamplingParams, make_prompt_id
 
@@ -45,7 +45,10 @@ def prompt_seed(seed: int, prompt_id: str) -> int:
 
 
 def _messages(row: dict[str, Any], data_cfg: DataConfig) -> list[dict[str, str]]:
-    messages = list(row["messages"]) if row.get("messages") is not None else [{"role": "user", "content": row["prompt"]}]
+    if row.get("messages") is not None:
+        messages = list(row["messages"])
+    else:
+        messages = [{"role": "user", "content": row["prompt"]}]
     if data_cfg.system_prompt and not (messages and messages[0].get("role") == "system"):
         messages.insert(0, {"role": "system", "content": data_cfg.system_prompt})
     return messages
@@ -67,6 +70,19 @@ def render_prompt(row: dict[str, Any], tokenizer: Any, data_cfg: DataConfig) -> 
         body = row["prompt"]
     text = f"{data_cfg.system_prompt}\n{body}" if data_cfg.system_prompt else body
     return text, list(tokenizer(text)["input_ids"])
+
+
+def apply_chat_template_override(tokenizer: Any, model_cfg: ModelConfig) -> None:
+    """Set `model.chat_template` (a file path or the template text) on the tokenizer, if configured."""
+    template = model_cfg.chat_template
+    if not template:
+        return
+    path = Path(template).expanduser()
+    if "{" not in template and path.is_file():
+        template = path.read_text(encoding="utf-8")
+    elif "{" not in template:
+        raise ValueError(f"model.chat_template {template!r} is neither an existing file nor Jinja template text")
+    tokenizer.chat_template = template
 
 
 def _sampling(cfg: ExperimentConfig, prompt_id: str, temperature: float) -> SamplingParams:
@@ -171,7 +187,8 @@ class PromptStream:
             if len(self._perm_cache) > 2 * len(self._entries):
                 self._perm_cache.clear()
             order = list(range(len(self._entries[i])))
-            random.Random(stable_int("shuffle", self._cfg.data.shuffle_seed + epoch, self._datasets[i].name)).shuffle(order)
+            seed = stable_int("shuffle", self._cfg.data.shuffle_seed + epoch, self._datasets[i].name)
+            random.Random(seed).shuffle(order)
             self._perm_cache[key] = order
         return self._perm_cache[key]
 
@@ -219,7 +236,8 @@ class PromptStream:
             if len(ids) > self._cfg.data.max_prompt_tokens:
                 self._counters["dropped_too_long"] += 1
                 self._dropped.append((prompt_id, "dropped_too_long"))
-                logger.debug("dropping %s: %d prompt tokens > %d", prompt_id, len(ids), self._cfg.data.max_prompt_tokens)
+                logger.debug("dropping %s: %d prompt tokens > %d", prompt_id, len(ids),
+                             self._cfg.data.max_prompt_tokens)
                 continue
             return _request(
                 self._cfg, entry, prompt_id, text, ids, num_samples=self._cfg.generation.num_samples,
@@ -255,7 +273,9 @@ class PromptStream:
         self._dropped = []
 
 
-def eval_requests(cfg: ExperimentConfig, tokenizer: Any, known_verifiers: set[str] | None = None) -> list[PromptRequest]:
+def eval_requests(
+    cfg: ExperimentConfig, tokenizer: Any, known_verifiers: set[str] | None = None
+) -> list[PromptRequest]:
     """Eval requests: `eval.datasets`, else the `eval.split` of each training dataset (built-in tasks: their
     held-out test split). Up to `eval.max_prompts` (0 = all), interleaved across datasets in source order;
     `is_eval=True`, `eval.num_samples` samples, temperature 0.0 (greedy) when `eval.greedy`.
@@ -285,7 +305,8 @@ def eval_requests(cfg: ExperimentConfig, tokenizer: Any, known_verifiers: set[st
             reqs.append(_request(cfg, row, prompt_id, text, ids, num_samples=cfg.eval.num_samples,
                                  temperature=temperature, is_eval=True))
         if num_too_long:
-            logger.warning("eval %s: dropped %d prompt(s) longer than %d tokens", spec, num_too_long, cfg.data.max_prompt_tokens)
+            logger.warning("eval %s: dropped %d prompt(s) longer than %d tokens", spec, num_too_long,
+                           cfg.data.max_prompt_tokens)
         per_dataset.append(reqs)
     out: list[PromptRequest] = []
     for k in range(max((len(r) for r in per_dataset), default=0)):

@@ -47,7 +47,10 @@ class BadRow:
     line: int | None = None  # 1-based line number for JSONL files
 
     def __str__(self) -> str:
-        where = f"{self.source}:{self.line} (row {self.row})" if self.line is not None else f"{self.source} row {self.row}"
+        if self.line is not None:
+            where = f"{self.source}:{self.line} (row {self.row})"
+        else:
+            where = f"{self.source} row {self.row}"
         return f"{where}: field {self.field!r}: {self.reason}"
 
 
@@ -96,7 +99,8 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, int, Any]], list[BadRow]]:
             try:
                 entries.append((row, line_no, json.loads(line)))
             except json.JSONDecodeError as e:
-                bad.append(BadRow(str(path), row, "<line>", f"malformed JSON line: {e.msg} at column {e.colno}", line_no))
+                reason = f"malformed JSON line: {e.msg} at column {e.colno}"
+                bad.append(BadRow(str(path), row, "<line>", reason, line_no))
             row += 1
     return entries, bad
 
@@ -156,7 +160,10 @@ def _read_hub(spec: str, split: str) -> list[dict[str, Any]]:
         ) from e
 
 
-def read_raw_rows(spec: str, cfg: ExperimentConfig, split: str) -> tuple[list[tuple[int, int | None, Any]], list[BadRow]]:
+RawRows = list[tuple[int, "int | None", Any]]
+
+
+def read_raw_rows(spec: str, cfg: ExperimentConfig, split: str) -> tuple[RawRows, list[BadRow]]:
     """Raw rows of a spec as (row index, line number or None, value), plus unreadable rows."""
     if spec.startswith(BUILTIN_PREFIX):
         task = spec[len(BUILTIN_PREFIX):]
@@ -238,11 +245,13 @@ def normalise_row(
     if verifier is not None:
         names = [verifier] if isinstance(verifier, str) else verifier
         if not isinstance(names, list) or not names or not all(isinstance(v, str) and v for v in names):
-            bad(cfg.rewards.verifier_column, f"wrong type: expected a verifier name or a list of names, got {verifier!r}")
+            bad(cfg.rewards.verifier_column,
+                f"wrong type: expected a verifier name or a list of names, got {verifier!r}")
         elif known_verifiers is not None:
             for v in names:
                 if v not in known_verifiers:
-                    bad(cfg.rewards.verifier_column, f"unknown verifier {v!r}; known: {', '.join(sorted(known_verifiers))}")
+                    known = ", ".join(sorted(known_verifiers))
+                    bad(cfg.rewards.verifier_column, f"unknown verifier {v!r}; known: {known}")
     out["verifier"] = verifier
     out["extra"] = {k: v for k, v in value.items() if k not in used}
     return (None if problems else out), problems
@@ -277,7 +286,8 @@ def load_dataset_rows(
     if bad_rows and cfg.data.on_bad_row != "skip":
         raise DataError(format_bad_rows(spec, bad_rows), bad_rows)
     if not rows:
-        raise DataError(f"dataset {spec!r} (split {split!r}) has no usable rows:\n" + format_bad_rows(spec, bad_rows), bad_rows)
+        message = f"dataset {spec!r} (split {split!r}) has no usable rows:\n" + format_bad_rows(spec, bad_rows)
+        raise DataError(message, bad_rows)
     if bad_rows:
         logger.warning("%s: skipping %d bad row(s) (data.on_bad_row=skip)", spec, len({b.row for b in bad_rows}))
     unique_bad: dict[int, BadRow] = {}
