@@ -79,6 +79,13 @@ class WandbLogger:
         self.run.define_metric("*", step_metric=STEP_KEY)
         log.info("wandb %s run %s (project %s)", mode, self.run_id, project)
 
+    @classmethod
+    def from_config(cls, cfg: Any, run_dir: str | os.PathLike[str]) -> WandbLogger:
+        """From an `ExperimentConfig` (its `logging` section), logging the whole resolved config."""
+        lc = cfg.logging
+        return cls(run_dir, mode=lc.wandb_mode, project=lc.wandb_project, entity=lc.wandb_entity,
+                   run_name=lc.run_name, config=cfg, samples_every_n_steps=lc.samples_every_n_steps)
+
     @property
     def enabled(self) -> bool:
         return self.run is not None

@@ -51,7 +51,12 @@ def test_offline_run_logs_and_resumes_same_id(tmp_path: Path, monkeypatch: pytes
 
     # A resumed training run (same run dir) continues the same wandb run id.
     assert persisted_run_id(run_dir) == run_id
-    resumed = WandbLogger(run_dir, mode="offline", project="rlvr-test")
+    from rlvr.config import default_config
+
+    cfg = default_config()
+    cfg.logging.wandb_mode, cfg.logging.wandb_project = "offline", "rlvr-test"
+    resumed = WandbLogger.from_config(cfg, run_dir)
+    assert resumed.run.config["logging"]["wandb_mode"] == "offline"
     assert resumed.run.id == run_id
     resumed.log(3, {"loss/kl": 0.02})
     resumed.finish()
