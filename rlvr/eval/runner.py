@@ -29,7 +29,7 @@ from rlvr.eval.metrics import (
     length_stats,
     mean_scores,
 )
-from rlvr.types import PromptRequest, RewardResult, Sample
+from rlvr.types import Group, PromptRequest, RewardResult, Sample
 
 ScoreItem = tuple[str, dict, "list[int] | None"]
 """(completion_text, metadata, completion_token_ids): one row for a scorer (as `VerifierPool.score_many`)."""
@@ -127,6 +127,18 @@ def summarize(samples: Sequence[Sample], results: Sequence[RewardResult], ks: Se
         for key, value in _summarize_rows(by_dataset[name], ks, majority).items():
             summary[f"dataset/{name}/{key}"] = value
     return summary, rows
+
+
+def summarize_groups(groups: Sequence[Group], ks: Sequence[int] = (1,), prefix: str = "eval/",
+                     extract_answer: AnswerExtractor | None = default_answer_extractor,
+                     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`summarize` for scored groups (the trainer's in-training eval), keys prefixed with `prefix`."""
+    samples = [s for g in groups for s in g.samples]
+    results = [r for g in groups for r in g.rewards]
+    if len(samples) != len(results):
+        raise ValueError(f"groups hold {len(samples)} samples but {len(results)} rewards: score them first")
+    summary, rows = summarize(samples, results, ks, extract_answer)
+    return {prefix + k: v for k, v in summary.items()}, rows
 
 
 def evaluate(engine: Generator, requests: Sequence[PromptRequest], scorer: ScorerLike,

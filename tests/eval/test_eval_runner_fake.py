@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rlvr.eval.metrics import maj_at_k, pass_at_k
-from rlvr.eval.runner import evaluate
+from rlvr.eval.runner import evaluate, summarize_groups
 from rlvr.rewards import RewardScorer, RewardsSettings
 from rlvr.rewards.pool import VerifierPool
-from rlvr.types import PromptRequest, Sample
+from rlvr.types import Group, PromptRequest, Sample
 
 SCRIPT = {  # prompt_id -> completions (gsm8k verifier, gold in metadata)
     "arith:0:0": ["#### 4", "#### 5", "the answer is 4", "\\boxed{4}"],
@@ -67,3 +67,18 @@ def test_evaluate_with_verifier_pool_matches_scorer() -> None:
     with VerifierPool(settings) as pool:
         pooled, _ = evaluate(ScriptedEngine(), _requests(), pool, ks=(1, 4))
     assert pooled == pytest.approx(direct)
+
+
+def test_summarize_groups_prefixes_and_matches_evaluate() -> None:
+    scorer = RewardScorer(RewardsSettings())
+    summary, _ = evaluate(ScriptedEngine(), _requests(), scorer, ks=(1, 4))
+    samples = ScriptedEngine().generate(_requests())
+    groups: dict[str, Group] = {}
+    for s in sorted(samples, key=lambda s: (s.prompt_id, s.sample_index)):
+        groups.setdefault(s.prompt_id, Group(s.prompt_id, [])).samples.append(s)
+    for g in groups.values():
+        g.rewards = [scorer.score(s.completion_text, s.metadata) for s in g.samples]
+    prefixed, rows = summarize_groups(list(groups.values()), ks=(1, 4))
+    assert prefixed == pytest.approx({"eval/" + k: v for k, v in summary.items()}) and len(rows) == 12
+    with pytest.raises(ValueError, match="score them first"):
+        summarize_groups([Group("x", samples[:2])])
