@@ -1,0 +1,214 @@
+"""Job specs for the schedulers rlvr submits to: Beaker, Kubernetes (KubeRay `RayJob` or indexed `Job`), Slurm.
+
+Pure functions from a `JobRequest` to the text of a spec (YAML or an sbatch script); `rlvr submit` writes
+and submits them. The output is deterministic (no timestamps, stable key order), so golden files pin it.
+
+Every spec runs one task per node. Except under KubeRay (whose operator starts Ray in each pod and runs
+the entrypoint itself), each node runs `scripts/ray_node_setup.sh`, which finds the leader from the
+scheduler's environment: Beaker's leader selection (BEAKER_LEADER_REPLICA_HOSTNAME), the indexed Job's
+completion index plus a headless Service (pod 0 is `<name>-0.<name>`), Slurm's node list.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import yaml
+
+DEFAULT_IMAGE = "ghcr.io/rlvr/rlvr:0.1.0-cu130"
+"""The image docker/Dockerfile builds (docker/README.md)."""
+RAY_VERSION = "2.60.0"
+"""The Ray version pinned in docker/Dockerfile (KubeRay's `rayVersion`)."""
+IMAGE_WORKDIR = "/opt/rlvr"
+"""Where the image holds the repository (configs/, scripts/); commands run from there."""
+NODE_SETUP = "scripts/ray_node_setup.sh"
+GCS_PORT = 6379
+DASHBOARD_PORT = 8265
+
+
+@dataclass
+class JobRequest:
+    """What to run and where; scheduler-specific fields are ignored by the other schedulers."""
+
+    name: str
+    """Job / experiment name (made DNS-safe for Kubernetes)."""
+    command: list[str]
+    """The rlvr command run once, on the leader (e.g. `rlvr train --config configs/gpu-2node.yaml`)."""
+    num_nodes: int = 1
+    gpus_per_node: int = 0
+    image: str = DEFAULT_IMAGE
+    env: dict[str, str] = field(default_factory=dict)
+    """Plain environment variables for every node."""
+    secrets: dict[str, str] = field(default_factory=dict)
+    """Environment variable -> secret name (Kubernetes: `name` or `name:key`, key defaulting to the variable)."""
+    shm_size_gib: int = 64
+    """Shared memory (/dev/shm) per node in GiB: NCCL and Ray's object store use it."""
+    beaker_budget: str | None = None
+    beaker_workspace: str | None = None
+    beaker_clusters: list[str] = field(default_factory=list)
+    beaker_priority: str = "normal"
+    k8s_namespace: str = "default"
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_time: str | None = None
+    slurm_container: bool = False
+    """Run each Slurm task in the image through pyxis/enroot (`srun --container-image`)."""
+
+
+def dns_name(name: str) -> str:
+    """A Kubernetes object name (RFC 1123 label: lowercase alphanumerics and '-', at most 63 characters)."""
+    out = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-")
+    return out or "rlvr"
+
+
+def node_command(req: JobRequest) -> list[str]:
+    """What every node runs: the node setup script, which runs req.command on the leader."""
+    cmd = ["bash", NODE_SETUP]
+    if req.gpus_per_node > 0:
+        cmd += ["--num-gpus", str(req.gpus_per_node)]
+    return cmd + ["--"] + list(req.command)
+
+
+def base_env(req: JobRequest) -> dict[str, str]:
+    """Environment shared by every node of every scheduler (user values win)."""
+    return {"RLVR_NUM_NODES": str(req.num_nodes), "PYTHONUNBUFFERED": "1", **req.env}
+
+
+def _dump(docs: list[dict]) -> str:
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=120)
+
+
+# --- Beaker ---------------------------------------------------------------------------------------------
+
+def beaker_spec(req: JobRequest) -> str:
+    """A Beaker experiment spec (v2): one task replicated per node, with leader selection."""
+    env = [{"name": k, "value": v} for k, v in base_env(req).items()]
+    env += [{"name": k, "secret": v} for k, v in req.secrets.items()]
+    task: dict = {
+        "name": dns_name(req.name),
+        "image": {"docker": req.image},
+        "command": node_command(req),
+        "envVars": env,
+        "resources": {"gpuCount": req.gpus_per_node, "sharedMemory": f"{req.shm_size_gib}GiB"},
+        "context": {"priority": req.beaker_priority},
+        "result": {"path": "/results"},
+        "hostNetworking": True,
+        "replicas": req.num_nodes,
+        "leaderSelection": True,
+        "propagateFailure": True,
+    }
+    if req.beaker_clusters:
+        task["constraints"] = {"cluster": list(req.beaker_clusters)}
+    spec: dict = {"version": "v2"}
+    if req.beaker_budget:
+        spec["budget"] = req.beaker_budget
+    spec["description"] = f"{req.name}: {req.num_nodes} node(s) x {req.gpus_per_node} GPU(s)"
+    spec["tasks"] = [task]
+    return _dump([spec])
+
+
+# --- Kubernetes -----------------------------------------------------------------------------------------
+
+def _k8s_env(req: JobRequest, extra: dict[str, str] | None = None) -> list[dict]:
+    env: list[dict] = [{"name": k, "value": v} for k, v in {**base_env(req), **(extra or {})}.items()]
+    for var, ref in req.secrets.items():
+        secret, _, key = ref.partition(":")
+        env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key or var}}})
+    return env
+
+
+def _pod_spec(req: JobRequest, container: dict) -> dict:
+    container = {"name": container.pop("name"), "image": req.image, "imagePullPolicy": "IfNotPresent",
+                 **container, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+    if req.gpus_per_node > 0:
+        gpus = str(req.gpus_per_node)
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
+    return {"containers": [container],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{req.shm_size_gib}Gi"}}]}
+
+
+def k8s_job_manifests(req: JobRequest) -> str:
+    """A headless Service plus an indexed Job of num_nodes pods (for clusters without KubeRay)."""
+    name = dns_name(req.name)
+    labels = {"app.kubernetes.io/name": "rlvr", "rlvr/job": name}
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": req.k8s_namespace, "labels": labels},
+        "spec": {"clusterIP": "None", "selector": {"rlvr/job": name}, "publishNotReadyAddresses": True,
+                 "ports": [{"name": "gcs", "port": GCS_PORT}, {"name": "dashboard", "port": DASHBOARD_PORT}]},
+    }
+    container = {"name": "rlvr", "workingDir": IMAGE_WORKDIR, "command": node_command(req),
+                 "env": _k8s_env(req, {"RLVR_K8S_SERVICE": name})}
+    pod = {"subdomain": name, "restartPolicy": "Never", **_pod_spec(req, container)}
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": req.k8s_namespace, "labels": labels},
+        "spec": {"completionMode": "Indexed", "completions": req.num_nodes, "parallelism": req.num_nodes,
+                 "backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}},
+    }
+    return _dump([service, job])
+
+
+def kuberay_rayjob(req: JobRequest) -> str:
+    """A KubeRay `RayJob`: the operator starts a head and num_nodes - 1 workers and runs the command."""
+    name = dns_name(req.name)
+    start: dict[str, str] = {"num-gpus": str(req.gpus_per_node)} if req.gpus_per_node > 0 else {}
+    head = _pod_spec(req, {"name": "ray-head", "workingDir": IMAGE_WORKDIR, "env": _k8s_env(req),
+                           "ports": [{"name": "gcs", "containerPort": GCS_PORT},
+                                     {"name": "dashboard", "containerPort": DASHBOARD_PORT}]})
+    cluster: dict = {
+        "rayVersion": RAY_VERSION,
+        "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", **start}, "template": {"spec": head}},
+    }
+    if req.num_nodes > 1:
+        worker = _pod_spec(req, {"name": "ray-worker", "workingDir": IMAGE_WORKDIR, "env": _k8s_env(req)})
+        n = req.num_nodes - 1
+        cluster["workerGroupSpecs"] = [{"groupName": "workers", "replicas": n, "minReplicas": n, "maxReplicas": n,
+                                        "rayStartParams": dict(start), "template": {"spec": worker}}]
+    rayjob = {
+        "apiVersion": "ray.io/v1", "kind": "RayJob",
+        "metadata": {"name": name, "namespace": req.k8s_namespace, "labels": {"app.kubernetes.io/name": "rlvr"}},
+        "spec": {"entrypoint": shlex.join(req.command), "shutdownAfterJobFinishes": True,
+                 "ttlSecondsAfterFinished": 600, "rayClusterSpec": cluster},
+    }
+    return _dump([rayjob])
+
+
+# --- Slurm ----------------------------------------------------------------------------------------------
+
+def sbatch_script(req: JobRequest) -> str:
+    """An sbatch script: one task per node, each running the node setup script through srun."""
+    name = dns_name(req.name)
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={req.num_nodes}",
+             "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={name}-%j.out"]
+    if req.gpus_per_node > 0:
+        lines.append(f"#SBATCH --gpus-per-node={req.gpus_per_node}")
+    for flag, value in (("partition", req.slurm_partition), ("account", req.slurm_account),
+                        ("time", req.slurm_time)):
+        if value:
+            lines.append(f"#SBATCH --{flag}={value}")
+    lines += ["# Generated by `rlvr submit slurm`: every node runs scripts/ray_node_setup.sh, which makes the",
+              "# first node of SLURM_JOB_NODELIST the Ray head and runs the rlvr command there.",
+              "set -euo pipefail"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in base_env(req).items()]
+    for var in req.secrets:
+        lines.append(f': "${{{var}:?export {var} (secret {req.secrets[var]}) before sbatch: Slurm has no secret store}}"')
+        lines.append(f"export {var}")
+    srun = ["srun", f"--nodes={req.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    if req.slurm_container:
+        srun += [f"--container-image={req.image}", f"--container-workdir={IMAGE_WORKDIR}"]
+    lines.append(shlex.join(srun + node_command(req)))
+    return "\n".join(lines) + "\n"
+
+
+def render(scheduler: str, req: JobRequest, k8s_flavor: str = "kuberay") -> str:
+    """The spec text for scheduler (`beaker`, `k8s`, `slurm`)."""
+    if scheduler == "beaker":
+        return beaker_spec(req)
+    if scheduler == "k8s":
+        return kuberay_rayjob(req) if k8s_flavor == "kuberay" else k8s_job_manifests(req)
+    if scheduler == "slurm":
+        return sbatch_script(req)
+    raise ValueError(f"unknown scheduler {scheduler!r}: use beaker, k8s or slurm")
