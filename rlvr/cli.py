@@ -35,7 +35,7 @@ class TrainCommand:
     config: str | None = None
     """YAML preset to start from (e.g. configs/gpu-2x.yaml); flags given here override it."""
     dry_run: bool = False
-    """Print the resolved config as YAML and exit without training."""
+    """Print the resolved config as YAML and exit without training (a bare `--dry-run` means True)."""
 
 
 def _extract_config_path(argv: list[str]) -> str | None:
@@ -47,12 +47,23 @@ def _extract_config_path(argv: list[str]) -> str | None:
     return None
 
 
+def _expand_dry_run(argv: list[str]) -> list[str]:
+    """Booleans take explicit values (`--rollout.active-sampling True`); a bare `--dry-run` means True."""
+    out = []
+    for i, arg in enumerate(argv):
+        out.append(arg)
+        if arg == "--dry-run" and (i + 1 == len(argv) or argv[i + 1] not in ("True", "False", "true", "false")):
+            out.append("True")
+    return out
+
+
 def parse_train_args(argv: list[str]) -> TrainCommand:
     """Parse `rlvr train` arguments into a validated command (raises ConfigError on bad input)."""
+    argv = _expand_dry_run(argv)
     path = _extract_config_path(argv)
     base = from_dict(read_yaml(path)) if path and path != "None" else default_config()
     cmd = tyro.cli(TrainCommand, default=TrainCommand(experiment=base, config=path), args=argv,
-                   prog="rlvr train", description=TrainCommand.__doc__)
+                   prog="rlvr train", description=TrainCommand.__doc__, config=(tyro.conf.FlagConversionOff,))
     validate(cmd.experiment)
     return cmd
 

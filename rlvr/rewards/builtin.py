@@ -4,4 +4,4 @@ Invariant: importing this module registers all built-in names and imports no hea
 (math-verify and sympy are imported on the first math call).
 """
 
-from rlvr.rewards import code_verifiers, ifeval, math_verifiers, shaping, text_match  # noqa: F401
+from rlvr.rewards import code_verifiers, ifeval, math_verifiers, shaping, tasks, text_match  # noqa: F401

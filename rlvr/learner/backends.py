@@ -1,0 +1,143 @@
+"""Optimizer backends for the learner: plain torch (summed all-reduce) and DeepSpeed (ZeRO 0/1/2/3).
+
+Both expose the same small surface so that the train step is written once:
+`backward(loss, is_last)` accumulates gradients of one micro-batch, `step()` all-reduces / reduces them,
+clips, applies the optimizer and scheduler and returns the pre-clip gradient norm (NaN/inf are reported,
+and the update is skipped, never applied).
+
+Normalisation: rlvr's losses are already divided by the step's GLOBAL normaliser (ALGORITHMS.md §3), so the
+gradients of all micro-batches and all ranks must be SUMMED. The torch backend all-reduces with SUM;
+DeepSpeed averages over data-parallel ranks and may divide by its accumulation steps, so the loss is
+multiplied by the world size and passed with `scale_wrt_gas=False`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlvr.config import ExperimentConfig
+from rlvr.learner.model import lr_lambda
+
+
+def total_optimizer_steps(cfg: ExperimentConfig) -> int:
+    return cfg.num_steps * cfg.algorithm.num_mini_batches * cfg.algorithm.num_epochs
+
+
+class TorchBackend:
+    """AdamW + LambdaLR with gradients summed over ranks by an explicit all-reduce."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ExperimentConfig, world_size: int) -> None:
+        lc = cfg.learner
+        self.model, self.cfg, self.world_size = model, cfg, world_size
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
+                                           weight_decay=lc.weight_decay)
+        total = total_optimizer_steps(cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule))
+
+    def backward(self, loss: torch.Tensor, is_last: bool) -> None:
+        loss.backward()
+
+    def step(self) -> tuple[float, bool]:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.world_size > 1:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+        max_norm = self.cfg.learner.max_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        grad_norm = float(norm)
+        ok = math.isfinite(grad_norm)
+        if ok:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, ok
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[torch.nn.Module]:
+        yield self.model
+
+    def save(self, path: Path) -> None:
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                   path / "optimizer.pt")
+
+    def load(self, path: Path) -> None:
+        state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class DeepSpeedBackend:
+    """DeepSpeed engine; ZeRO-3 parameters are gathered for weight sync and saving."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ExperimentConfig, world_size: int, device: str) -> None:
+        if device == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # inside the actor process, before deepspeed loads
+        import deepspeed
+
+        lc = cfg.learner
+        self.cfg, self.world_size = cfg, world_size
+        zero: dict = {"stage": lc.zero_stage}
+        if lc.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu"}
+        if lc.offload_params:
+            zero["offload_param"] = {"device": "cpu"}
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": zero,
+            "gradient_clipping": lc.max_grad_norm,
+            "bf16": {"enabled": next(model.parameters()).dtype == torch.bfloat16},
+            "wall_clock_breakdown": False,
+            "steps_per_print": 10**9,
+        }
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
+                                      weight_decay=lc.weight_decay)
+        total = total_optimizer_steps(cfg)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        self.model = self.engine.module
+        self._deepspeed = deepspeed
+
+    def backward(self, loss: torch.Tensor, is_last: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(is_last)
+        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def step(self) -> tuple[float, bool]:
+        self.engine.set_gradient_accumulation_boundary(True)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        grad_norm = float(norm) if norm is not None else 0.0
+        skipped = bool(getattr(self.engine, "skipped_steps", 0) and not math.isfinite(grad_norm))
+        return grad_norm, math.isfinite(grad_norm) and not skipped
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[torch.nn.Module]:
+        if self.cfg.learner.zero_stage == 3:
+            with self._deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+                yield self.model
+        else:
+            yield self.model
+
+    def save(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", save_latest=False)
+
+    def load(self, path: Path) -> None:
+        self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)

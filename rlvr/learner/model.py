@@ -1,0 +1,67 @@
+"""Loading the policy (and reference) model for the learner, and the optimizer's LR schedule.
+
+The model is always an HF causal LM loaded from a directory (the built-in tiny model is written to the run
+directory by the driver first, so every process loads the same weights).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlvr.config import ExperimentConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`auto` = bfloat16 on GPU, float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return _DTYPES[name]
+
+
+def resolve_attn_implementation(name: str, device: str) -> str:
+    """`auto` = flash_attention_2 on GPU when flash-attn is installed, else sdpa."""
+    if name != "auto":
+        return name
+    if device.startswith("cuda"):
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: bool = True) -> torch.nn.Module:
+    """An HF causal LM in the configured dtype and attention implementation, dropout off."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = resolve_dtype(cfg.model.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, device),
+        trust_remote_code=cfg.model.trust_remote_code)
+    model.config.use_cache = False
+    for m in model.modules():  # RL fine-tuning runs without dropout (open-instruct, TRL)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    if trainable and cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not trainable:
+        model.requires_grad_(False).eval()
+    return model.to(device)
+
+
+def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """Multiplier of the peak LR at optimizer step `step`: linear warmup, then constant / linear / cosine."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,213 @@
+"""The learner rank: log-probs on packed batches, the policy loss, optimizer steps, weights out, checkpoints.
+
+A plain class (the Ray actor in `rlvr.orchestration.actors` is a thin shell). One call of `train_batch` is
+one policy version: `num_epochs` passes over `num_mini_batches` PackedBatches, one optimizer step each.
+With more than one optimizer step per rollout batch the old log-probs are recomputed under the weights
+before the first update (so the clipped ratio is meaningful); with exactly one step l_old = stopgrad(l)
+(ratio 1, ALGORITHMS.md §2) and TIS corrects the engine/learner mismatch against the engine's log-probs.
+Every rank must receive the same number of mini- and micro-batches (the packer guarantees it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import random
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlvr.algorithms.correction import CorrectionConfig, importance_weights
+from rlvr.algorithms.losses import LossConfig, policy_loss
+from rlvr.config import ExperimentConfig
+from rlvr.learner.backends import DeepSpeedBackend, TorchBackend
+from rlvr.learner.logprobs import packed_logprobs
+from rlvr.learner.model import load_causal_lm
+from rlvr.telemetry.logs import get_logger
+from rlvr.types import MicroBatch, PackedBatch
+
+logger = get_logger(__name__)
+
+
+def loss_config(cfg: ExperimentConfig) -> LossConfig:
+    a = cfg.algorithm
+    return LossConfig(loss=a.loss, aggregation=a.aggregation, clip_eps_low=a.clip_eps_low,
+                      clip_eps_high=a.clip_eps_high, clip_delta=a.clip_delta, cispo_eps_max=a.cispo_eps_max,
+                      sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg, kl_beta=a.kl_beta,
+                      kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
+                      max_completion_length=cfg.generation.max_new_tokens)
+
+
+class LearnerWorker:
+    """One data-parallel learner rank."""
+
+    def __init__(self, cfg: ExperimentConfig, model_path: str, rank: int, world_size: int,
+                 master_addr: str, master_port: int, device: str = "cpu", num_threads: int | None = None) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
+        torch.manual_seed(cfg.seed + rank)
+        if not dist.is_initialized() and (world_size > 1 or cfg.learner.backend == "deepspeed"):
+            os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                              WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank,
+                                    world_size=world_size, timeout=datetime.timedelta(seconds=600))
+        model = load_causal_lm(model_path, cfg, device)
+        self.backend: TorchBackend | DeepSpeedBackend
+        if cfg.learner.backend == "deepspeed":
+            self.backend = DeepSpeedBackend(model, cfg, world_size, device)
+        else:
+            self.backend = TorchBackend(model, cfg, world_size)
+        self.ref_model = load_causal_lm(model_path, cfg, device, trainable=False) if cfg.algorithm.kl_beta > 0 else None
+        self.loss_cfg = loss_config(cfg)
+        self.corr_cfg = CorrectionConfig(cfg.algorithm.tis_mode, cfg.algorithm.tis_cap, cfg.algorithm.tis_min)
+        self.version = 0
+        self.num_skipped_steps = 0
+        self.consecutive_skips = 0
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.backend.model
+
+    def _attention(self) -> str:
+        a = self.cfg.learner.attention
+        return "varlen" if a == "auto" else a
+
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return packed_logprobs(model, mb.input_ids.to(self.device), mb.position_ids.to(self.device),
+                               temperature=self.cfg.generation.temperature, attention=self._attention(),
+                               chunk_size=self.cfg.learner.logprob_chunk_size, return_entropy=with_entropy,
+                               entropy_requires_grad=self.cfg.algorithm.entropy_coef != 0)
+
+    @torch.no_grad()
+    def _recompute(self, model: torch.nn.Module, batches: list[PackedBatch]) -> list[list[torch.Tensor]]:
+        model.eval()
+        out = [[self._logprobs(model, mb, False)[0] for mb in pb.micro_batches] for pb in batches]
+        model.train()
+        return out
+
+    def train_batch(self, batches: list[PackedBatch]) -> dict[str, float]:
+        """Train on one rollout batch (one PackedBatch per mini-batch); returns averaged `loss/`, `learner/`."""
+        a = self.cfg.algorithm
+        multi_step = a.num_epochs * len(batches) > 1
+        old = self._recompute(self.model, batches) if multi_step else None
+        ref = self._recompute(self.ref_model, batches) if self.ref_model is not None else None
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        self.model.train()
+        for _epoch in range(a.num_epochs):
+            for bi, pb in enumerate(batches):
+                finite = True
+                for mi, mb in enumerate(pb.micro_batches):
+                    lp, ent = self._logprobs(self.model, mb, with_entropy=True)
+                    mask = mb.loss_mask.to(self.device)
+                    l_old = old[bi][mi] if old is not None else lp.detach()
+                    is_w, m_corr = importance_weights(l_old, mb.engine_logprobs.to(self.device).to(lp.dtype), mask,
+                                                      self.corr_cfg, mb.sample_ids.to(self.device))
+                    loss, m_loss = policy_loss(
+                        lp, l_old, mb.advantages.to(self.device).to(lp.dtype), mask, self.loss_cfg,
+                        global_num_loss_tokens=pb.global_num_loss_tokens, global_num_samples=pb.global_num_samples,
+                        sample_ids=mb.sample_ids.to(self.device), ref_logprobs=ref[bi][mi] if ref else None,
+                        is_weights=is_w, entropy=ent)
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    self.backend.backward(loss, is_last=mi == len(pb.micro_batches) - 1)
+                    if mask.any():
+                        for k, v in {**m_loss, **m_corr}.items():
+                            sums[k] += v
+                            counts[k] += 1
+                grad_norm, ok = self._optimizer_step(finite)
+                sums["learner/grad_norm"] += grad_norm if math.isfinite(grad_norm) else 0.0
+                counts["learner/grad_norm"] += 1
+        self.version += 1
+        out = {k: sums[k] / max(counts[k], 1) for k in sums}
+        out.update({"learner/lr": self.backend.lr(), "learner/skipped_steps": float(self.num_skipped_steps),
+                    "learner/consecutive_skips": float(self.consecutive_skips), "learner/version": float(self.version)})
+        return out
+
+    def _optimizer_step(self, finite: bool) -> tuple[float, bool]:
+        # every rank must agree on skipping, or the collectives of the others would hang
+        flag = torch.tensor([1.0 if finite else 0.0])
+        if self.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if flag.item() < 1:
+            for p in self.model.parameters():
+                p.grad = None
+            if isinstance(self.backend, TorchBackend):
+                self.backend.scheduler.step()
+            ok, grad_norm = False, float("nan")
+        else:
+            grad_norm, ok = self.backend.step()
+        if ok:
+            self.consecutive_skips = 0
+        else:
+            self.num_skipped_steps += 1
+            self.consecutive_skips += 1
+            logger.warning("non-finite loss or gradient: optimizer step skipped (%d in a row)", self.consecutive_skips)
+        return grad_norm, ok
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) in one fixed order; ZeRO-3 gathers happen on every rank (call on all ranks)."""
+        with self.backend.gathered() as model:
+            for name, p in model.named_parameters():
+                yield name, p.detach()
+
+    @torch.no_grad()
+    def score(self, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of the completion tokens (for engine/learner agreement checks)."""
+        ids = torch.tensor([prompt_token_ids + completion_token_ids])
+        pos = torch.arange(ids.shape[1]).unsqueeze(0)
+        with self.backend.gathered() as model:
+            model.eval()
+            lp, _ = packed_logprobs(model, ids.to(self.device), pos.to(self.device),
+                                    temperature=self.cfg.generation.temperature, attention="varlen")
+            model.train()
+        return lp[0, len(prompt_token_ids):].float().tolist()
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, path: str, hf_dir: str | None, tokenizer_dir: str | None) -> None:
+        """Optimizer/scheduler/RNG state (every rank) and, on rank 0, the HF model (+ tokenizer)."""
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        self.backend.save(p)
+        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "version": self.version,
+                    "skipped": self.num_skipped_steps}, p / f"rng_rank{self.rank}.pt")
+        with self.backend.gathered() as model:
+            if self.rank == 0 and hf_dir:
+                model.save_pretrained(hf_dir, safe_serialization=True)
+                if tokenizer_dir:
+                    from transformers import AutoTokenizer, GenerationConfig
+
+                    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+                    tok.save_pretrained(hf_dir)
+                    gen = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                    gen.save_pretrained(hf_dir)
+
+    def load(self, path: str, hf_dir: str) -> None:
+        """Restore weights from `hf_dir` and optimizer/scheduler/RNG state from `path`."""
+        from safetensors.torch import load_file
+
+        p = Path(path)
+        state = {}
+        for f in sorted(Path(hf_dir).glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        with self.backend.gathered() as model:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            missing = [m for m in missing if not m.endswith("lm_head.weight")]
+            if missing or unexpected:
+                raise ValueError(f"checkpoint {hf_dir} does not match the model: missing {missing[:5]}, "
+                                 f"unexpected {unexpected[:5]}")
+        self.backend.load(p)
+        rng = torch.load(p / f"rng_rank{self.rank}.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        self.version, self.num_skipped_steps = rng["version"], rng["skipped"]
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

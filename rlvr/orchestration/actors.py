@@ -1,0 +1,177 @@
+"""Ray actors: thin shells around the plain engine, learner and verifier classes.
+
+The only module (with driver.py and run.py) that knows Ray. Each actor records its last heartbeat and
+answers `ping()`; engines are threaded (max_concurrency > 1) so that `poll()` and the weight-sync receive run
+while the engine's own worker thread generates.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import ray
+
+from rlvr.config import ExperimentConfig
+from rlvr.types import PromptRequest, RewardResult, Sample
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    return ray.util.get_node_ip_address()
+
+
+class _Base:
+    def ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "node": node_ip(), "time": time.time()}
+
+    def address(self) -> tuple[str, int]:
+        return node_ip(), free_port()
+
+
+@ray.remote(max_concurrency=8)
+class EngineActor(_Base):
+    """A generation engine (transformers on CPU, vLLM on GPU) plus its end of the weight-sync group."""
+
+    def __init__(self, cfg: ExperimentConfig, model_path: str, engine_id: int, device: str, initial_version: int = 0) -> None:
+        from rlvr.telemetry.logs import setup_logging
+
+        setup_logging("engine", engine_id, cfg.logging.level)
+        self.cfg, self.engine_id = cfg, engine_id
+        if cfg.rollout.backend == "vllm":
+            from rlvr.rollout.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(model_path, engine_id, cfg=cfg, initial_version=initial_version)
+        else:
+            from rlvr.rollout.hf_engine import TransformersEngine
+
+            self.engine = TransformersEngine(
+                model_path, engine_id, device=device, dtype=_engine_dtype(cfg, device),
+                max_batch_size=cfg.rollout.engine_batch_size, inflight_updates=cfg.rollout.inflight_updates,
+                num_threads=max(1, int(cfg.cluster.cpus_per_actor)) if device == "cpu" else None,
+                initial_version=initial_version)
+        self.sync = None
+
+    def submit(self, requests: list[PromptRequest]) -> None:
+        self.engine.submit(requests)
+
+    def poll(self) -> list[Sample]:
+        return self.engine.poll()
+
+    def generate(self, requests: list[PromptRequest], timeout_s: float = 600) -> list[Sample]:
+        return self.engine.generate(requests, timeout_s=timeout_s)
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
+        return self.engine.score(prompt_ids, completion_ids, temperature=temperature)
+
+    def policy_version(self) -> int:
+        return self.engine.policy_version
+
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
+    def abort_all(self) -> list[str]:
+        return self.engine.abort_all()
+
+    def init_weight_sync(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
+        from rlvr.weight_sync.gloo import GlooWeightGroup
+
+        self.sync = GlooWeightGroup(addr, port, rank, world_size, timeout_s)
+
+    def receive_weights(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        named = list(self.sync.receive())
+        t1 = time.perf_counter()
+        self.engine.load_weights(named, version)
+        return {"sync/receive_s": t1 - t0, "sync/load_s": time.perf_counter() - t1}
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _engine_dtype(cfg: ExperimentConfig, device: str) -> str:
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+@ray.remote
+class LearnerActor(_Base):
+    """One data-parallel learner rank."""
+
+    def __init__(self) -> None:
+        self.worker = None
+        self.rank = -1
+        self.sync = None
+
+    def setup(self, cfg: ExperimentConfig, model_path: str, rank: int, world_size: int,
+              master_addr: str, master_port: int, device: str) -> None:
+        """Build the rank (after rank 0's address is known: it hosts the data-parallel rendezvous)."""
+        from rlvr.learner.worker import LearnerWorker
+        from rlvr.telemetry.logs import setup_logging
+
+        setup_logging("learner", rank, cfg.logging.level)
+        threads = max(1, int(cfg.cluster.cpus_per_actor)) if device == "cpu" else None
+        self.worker = LearnerWorker(cfg, model_path, rank, world_size, master_addr, master_port, device, threads)
+        self.rank = rank
+
+    def train_batch(self, batches: list) -> dict[str, float]:
+        return self.worker.train_batch(batches)
+
+    def init_weight_sync(self, addr: str, port: int, world_size: int, timeout_s: float) -> None:
+        from rlvr.weight_sync.gloo import GlooWeightGroup
+
+        self.sync = GlooWeightGroup(addr, port, 0, world_size, timeout_s)
+
+    def send_weights(self) -> dict[str, float]:
+        """Every rank takes part (ZeRO-3 gathers); rank 0 broadcasts."""
+        named = self.worker.named_weights()
+        if self.rank == 0:
+            return self.sync.send(named)
+        for _ in named:
+            pass
+        return {}
+
+    def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        return self.worker.score(prompt_ids, completion_ids)
+
+    def version(self) -> int:
+        return self.worker.version
+
+    def save(self, path: str, hf_dir: str | None, tokenizer_dir: str | None) -> None:
+        self.worker.save(path, hf_dir if self.rank == 0 else None, tokenizer_dir)
+
+    def load(self, path: str, hf_dir: str) -> None:
+        self.worker.load(path, hf_dir)
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+
+
+@ray.remote(max_concurrency=4)
+class VerifierActor(_Base):
+    """A verifier pool (worker processes with timeouts and restarts) behind one actor."""
+
+    def __init__(self, cfg: ExperimentConfig) -> None:
+        from rlvr.rewards.pool import VerifierPool
+        from rlvr.telemetry.logs import setup_logging
+
+        setup_logging("verifier", None, cfg.logging.level)
+        self.pool = VerifierPool(cfg.rewards)
+
+    def score(self, items: list[tuple[str, dict, list[int]]], timeout_s: float) -> list[RewardResult]:
+        return self.pool.score_many(items, timeout=timeout_s)
+
+    def metrics(self) -> dict[str, float]:
+        return self.pool.metrics(reset=True)
+
+    def shutdown(self) -> None:
+        self.pool.close()

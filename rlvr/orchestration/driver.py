@@ -1,0 +1,284 @@
+"""The training loop: generate -> score -> advantages -> filter -> pack -> train -> sync -> log -> eval -> checkpoint.
+
+Reads like the algorithm; the policies live in small components: `RolloutFeeder` (in-flight prompts and
+staleness), `PromptLedger` (accounting), `rlvr.algorithms` (math), `RunDir` (checkpoints). Every `ray.get`
+has a timeout; an actor that dies raises here with its traceback and fails the run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rlvr.algorithms.advantages import AdvantageConfig, assign_group_advantages
+from rlvr.algorithms.filtering import filter_groups
+from rlvr.algorithms.packing import PackInput, build_packed_batches
+from rlvr.algorithms.shaping import ShapingConfig, shape_group
+from rlvr.config import ExperimentConfig
+from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.checkpoint import RunDir
+from rlvr.orchestration.rollouts import RolloutFeeder, is_stale
+from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
+from rlvr.telemetry.logs import get_logger
+from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
+from rlvr.types import Group, PackedBatch
+
+logger = get_logger(__name__)
+
+
+class Trainer:
+    """Drives already-created actors (see `rlvr.orchestration.run`)."""
+
+    def __init__(self, cfg: ExperimentConfig, run_dir: RunDir, actors: Any, stream: Any, eval_requests: list,
+                 model_dir: str, pad_token_id: int, wandb: Any = None) -> None:
+        self.cfg, self.run_dir, self.actors = cfg, run_dir, actors
+        self.model_dir, self.pad_token_id, self.wandb = model_dir, pad_token_id, wandb
+        self.eval_requests = eval_requests
+        self.timeout = cfg.cluster.actor_timeout_s
+        self.ledger = PromptLedger()
+        self.feeder = RolloutFeeder(actors.engines, stream, self.ledger, cfg.rollout.prompts_per_step,
+                                    cfg.rollout.async_steps, cfg.rollout.timeout_s)
+        self.step = 0  # completed training steps == learner policy version
+        self.pending: list[Group] = []  # scored groups collected ahead of their step
+        self.metrics_file = JsonlWriter(run_dir.path("metrics.jsonl"))
+        self.eval_file = JsonlWriter(run_dir.path("eval.jsonl"))
+        self.samples_file = JsonlWriter(run_dir.path("samples.jsonl"))
+        self.progress = Progress(cfg.num_steps, cfg.logging.console_progress)
+        self.adv_cfg = AdvantageConfig(cfg.algorithm.advantage_scale, cfg.algorithm.advantage_std,
+                                       cfg.algorithm.advantage_eps)
+        a = cfg.algorithm
+        self.shaping = ShapingConfig(cfg.generation.max_new_tokens, a.overlong_buffer, a.overlong_penalty,
+                                     a.non_stop_penalty, a.mask_truncated)
+
+    # ------------------------------------------------------------------ phases
+    def _score(self, groups: list[Group]) -> float:
+        t0 = time.perf_counter()
+        items = [(s.completion_text, s.metadata, s.completion_token_ids) for g in groups for s in g.samples]
+        if not items:
+            return 0.0
+        verifiers = self.actors.verifiers
+        chunks = [items[i::len(verifiers)] for i in range(len(verifiers))]
+        outs = ray.get([v.score.remote(c, self.timeout) for v, c in zip(verifiers, chunks)], timeout=self.timeout)
+        results = [None] * len(items)
+        for i, out in enumerate(outs):
+            results[i::len(verifiers)] = out
+        k = 0
+        for g in groups:
+            g.rewards = results[k:k + g.num_samples]
+            k += g.num_samples
+        return time.perf_counter() - t0
+
+    def _collect(self) -> tuple[list[Group], dict[str, float]]:
+        """Resolve prompts until the step has B informative groups (active sampling) or B resolved prompts."""
+        r, B = self.cfg.rollout, self.cfg.rollout.prompts_per_step
+        m: dict[str, float] = defaultdict(float)
+        kept: list[Group] = []
+        resolved = 0
+        pulls = 0
+        max_pulls = int(r.max_pull_factor * B)
+        deadline = time.time() + r.timeout_s
+        t0 = time.perf_counter()
+        all_groups: list[Group] = []
+        while (len(kept) < B) if r.active_sampling else (resolved < B):
+            pulls += self.feeder.top_up(max(0, max_pulls - pulls))
+            if not self.pending and not self.feeder.outstanding:
+                if self.feeder.exhausted or pulls >= max_pulls:
+                    break
+            groups, self.pending = self.pending, []
+            if not groups:
+                t_wait = time.perf_counter()
+                groups = self.feeder.wait_groups(1, deadline)
+                m["time/wait_generation"] += time.perf_counter() - t_wait
+                m["time/reward"] += self._score(groups)
+            groups.sort(key=lambda g: min(s.version_start for s in g.samples))  # oldest first: fewer stale drops
+            for g in groups:
+                if is_stale(g, self.step, r.async_steps):
+                    self._finish(g.prompt_id, "dropped_stale")
+                    m["rollout/dropped_stale"] += 1
+                    continue
+                step_full = len(kept) >= B if r.active_sampling else resolved >= B
+                if step_full:
+                    self.pending.append(g)  # early arrivals for the next step
+                    continue
+                for k, v in shape_group(g, self.shaping).items():
+                    m[k] += v
+                resolved += 1
+                all_groups.append(g)
+                if r.filter_zero_variance:
+                    keep, fm = filter_groups([g])
+                    for k, v in fm.items():
+                        m[k] += v
+                    if keep:
+                        kept.append(g)
+                    else:
+                        self._finish(g.prompt_id, "filtered")
+                else:
+                    kept.append(g)
+        m["time/generation"] = time.perf_counter() - t0 - m.get("time/reward", 0.0)
+        m["data/real_batch_size_ratio"] = len(kept) / max(resolved, 1)
+        m.update(rollout_metrics(all_groups, self.step))
+        return kept, dict(m)
+
+    def _pack(self, groups: list[Group]) -> tuple[list[list[PackedBatch]], dict[str, float]]:
+        """One PackedBatch per (rank, mini-batch); mini-batches split the groups evenly."""
+        num_mb = min(self.cfg.algorithm.num_mini_batches, max(1, len(groups)))
+        per_rank: list[list[PackedBatch]] = [[] for _ in self.actors.learners]
+        metrics: dict[str, float] = {}
+        sid = 0
+        for j in range(num_mb):
+            inputs = []
+            for g in groups[j::num_mb]:
+                for s, adv, in_loss in zip(g.samples, g.advantages, g.loss_masks or [True] * g.num_samples):
+                    inputs.append(PackInput(sid, s.prompt_token_ids, s.completion_token_ids, s.logprobs, adv, in_loss))
+                    sid += 1
+            batches = build_packed_batches(inputs, pack_length=self.cfg.learner.pack_length,
+                                           num_ranks=len(self.actors.learners),
+                                           micro_batch_rows=self.cfg.learner.micro_batch_rows,
+                                           pad_token_id=self.pad_token_id)
+            for rank, pb in enumerate(batches):
+                per_rank[rank].append(pb)
+            metrics = batches[0].metrics
+        return per_rank, metrics
+
+    def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        outs = ray.get([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
+                       timeout=self.timeout)
+        t1 = time.perf_counter()
+        self.step += 1
+        sync = self.sync_weights(self.step)
+        out = dict(outs[0])
+        out.update(sync)
+        out["time/train"] = t1 - t0
+        out["time/sync"] = time.perf_counter() - t1
+        return out
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        refs = [lrn.send_weights.remote() for lrn in self.actors.learners]
+        recv = [e.receive_weights.remote(version) for e in self.actors.engines]
+        sent = ray.get(refs, timeout=self.timeout)[0]
+        got = ray.get(recv, timeout=self.timeout)
+        out = dict(sent)
+        out["sync/engine_load_s_max"] = max(g["sync/load_s"] for g in got)
+        return out
+
+    def _finish(self, prompt_id: str, state: str) -> None:
+        self.ledger.finish(prompt_id, state)
+        self.feeder.forget(prompt_id)
+
+    # ------------------------------------------------------------------ eval, logging, checkpoints
+    def evaluate(self) -> dict[str, float]:
+        if not self.eval_requests:
+            return {}
+        t0 = time.perf_counter()
+        n = len(self.actors.engines)
+        parts = [self.eval_requests[i::n] for i in range(n)]
+        outs = ray.get([e.generate.remote(p, self.cfg.rollout.timeout_s) for e, p in zip(self.actors.engines, parts) if p],
+                       timeout=self.cfg.rollout.timeout_s)
+        samples = [s for out in outs for s in out]
+        groups: dict[str, Group] = {}
+        for s in samples:
+            groups.setdefault(s.prompt_id, Group(prompt_id=s.prompt_id, samples=[])).samples.append(s)
+        glist = list(groups.values())
+        self._score(glist)
+        metrics = eval_metrics(glist)
+        metrics["time/eval"] = time.perf_counter() - t0
+        self.eval_file.write({"step": self.step, "time": time.time(), **metrics})
+        return metrics
+
+    def save_checkpoint(self) -> Path:
+        tmp = self.run_dir.tmp_checkpoint(self.step)
+        state = tmp / "trainer_state"
+        ray.get([lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners],
+                timeout=self.timeout)
+        with open(state / "driver.pkl", "wb") as f:
+            pickle.dump({"step": self.step, "ledger": self.ledger.state_dict(),
+                         "feeder": self.feeder.state_dict(self.ledger.in_flight)}, f)
+        return self.run_dir.commit_checkpoint(tmp, self.step, self.cfg.checkpoint.keep_last)
+
+    def restore(self, ckpt: Path) -> None:
+        state = ckpt / "trainer_state"
+        ray.get([lrn.load.remote(str(state), str(ckpt)) for lrn in self.actors.learners], timeout=self.timeout)
+        with open(state / "driver.pkl", "rb") as f:
+            d = pickle.load(f)  # noqa: S301 - our own checkpoint
+        self.step = d["step"]
+        self.ledger.load_state_dict(d["ledger"])
+        self.feeder.load_state_dict(d["feeder"])
+        self.pending = []  # groups collected ahead of the checkpoint are regenerated (their ids are in flight)
+        for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
+            truncate_after_step(self.run_dir.path(name), self.step)
+        self.sync_weights(self.step)
+        logger.info("resumed from %s at step %d", ckpt, self.step)
+
+    def _log(self, metrics: dict[str, float], groups: list[Group]) -> None:
+        record = {"step": self.step, "time": time.time(), **metrics}
+        self.metrics_file.write(record)
+        every = self.cfg.logging.samples_every_n_steps
+        if every and self.step % every == 0:
+            for rec in sample_records(groups, self.step, self.cfg.logging.num_logged_samples):
+                self.samples_file.write(rec)
+        if self.wandb is not None:
+            self.wandb.log(self.step, metrics)
+        self.progress.update(self.step, metrics)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict[str, float]:
+        cfg = self.cfg
+        last: dict[str, float] = {}
+        empty_rounds = 0
+        if cfg.eval.at_step_0 and self.step == 0:
+            last.update(self.evaluate())
+            self.metrics_file.write({"step": 0, "time": time.time(), **last})
+        while self.step < cfg.num_steps:
+            t_step = time.perf_counter()
+            groups, m = self._collect()
+            if not groups:
+                if self.feeder.exhausted and not self.feeder.outstanding:
+                    logger.info("training data exhausted at step %d", self.step)
+                    break
+                empty_rounds += 1
+                if empty_rounds >= 20:
+                    raise RuntimeError("20 collection rounds in a row gave no informative group (every group's "
+                                       "rewards were equal): check the reward functions, or set "
+                                       "--rollout.filter-zero-variance False")
+                logger.warning("step %d: no informative groups among %d resolved prompts; collecting again",
+                               self.step + 1, int(m.get("data/groups_kept", 0) + m.get("data/groups_all_correct", 0)
+                                                  + m.get("data/groups_all_wrong", 0)))
+                continue
+            empty_rounds = 0
+            m.update(assign_group_advantages(groups, self.adv_cfg))
+            per_rank, pack_m = self._pack(groups)
+            m.update(pack_m)
+            m.update(self._train_and_sync(per_rank))
+            for g in groups:
+                self._finish(g.prompt_id, "trained")
+            self.ledger.count_source_drops(**_source_drops(self.feeder.stream))
+            self.ledger.check()
+            m.update(self.ledger.metrics())
+            wall = time.perf_counter() - t_step
+            num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
+            num_workers = len(self.actors.learners) + len(self.actors.engines)
+            m.update({"time/step": wall, "perf/tokens_per_s": num_tokens / wall,
+                      "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers})
+            if cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0 or self.step == cfg.num_steps:
+                m.update(self.evaluate())
+            self._log(m, groups)
+            every = cfg.checkpoint.every_n_steps
+            if (every and self.step % every == 0) or (self.step == cfg.num_steps and cfg.checkpoint.save_final):
+                self.save_checkpoint()
+            last = m
+        return last
+
+    def close(self) -> None:
+        for f in (self.metrics_file, self.eval_file, self.samples_file):
+            f.close()
+
+
+def _source_drops(stream: Any) -> dict[str, int]:
+    c = getattr(stream, "counters", {}) or {}
+    return {"dropped_too_long": int(c.get("dropped_too_long", 0)), "skipped_bad_row": int(c.get("skipped_bad_row", 0))}

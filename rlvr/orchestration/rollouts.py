@@ -1,0 +1,119 @@
+"""Feeding engines and collecting complete groups under the staleness bound (the rollout side of the driver).
+
+Policy (AReaL-style bounded staleness, ALGORITHMS.md §5): at most (async_steps + 1) * B prompts are in flight
+(submitted, not yet resolved). With async_steps = 0 that is exactly one step's worth, submitted after the
+weight sync, so every sample is on-policy. A group whose oldest sample was admitted more than `async_steps`
+versions before the learner's current version is dropped (counted `dropped_stale`) and its slot refilled.
+Prompts are assigned to the engine with the fewest outstanding prompts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import ray
+
+from rlvr.orchestration.accounting import PromptLedger
+from rlvr.types import Group, PromptRequest, Sample
+
+
+class RolloutFeeder:
+    """Owns the outstanding prompts: who has them, and the re-queue list after a restart."""
+
+    def __init__(self, engines: list, stream, ledger: PromptLedger, batch_size: int, async_steps: int,
+                 timeout_s: float) -> None:
+        self.engines, self.stream, self.ledger = engines, stream, ledger
+        self.batch_size, self.async_steps, self.timeout_s = batch_size, async_steps, timeout_s
+        self.outstanding: dict[str, tuple[int, PromptRequest]] = {}  # prompt_id -> (engine index, request)
+        self.requests: dict[str, PromptRequest] = {}  # every prompt pulled and not yet resolved
+        self.requeue: list[PromptRequest] = []
+        self.exhausted = False
+        self.pulled_this_step = 0
+
+    @property
+    def capacity(self) -> int:
+        return (self.async_steps + 1) * self.batch_size
+
+    def _next_request(self) -> PromptRequest | None:
+        if self.requeue:
+            return self.requeue.pop(0)
+        req = self.stream.next_request()
+        if req is None:
+            self.exhausted = True
+            return None
+        self.ledger.pull(req.prompt_id)
+        return req
+
+    def top_up(self, max_new: int) -> int:
+        """Submit new prompts up to capacity (and at most `max_new`); returns how many were submitted."""
+        per_engine: dict[int, list[PromptRequest]] = defaultdict(list)
+        load = [0] * len(self.engines)
+        for idx, _ in self.outstanding.values():
+            load[idx] += 1
+        n = 0
+        while len(self.outstanding) < self.capacity and n < max_new:
+            req = self._next_request()
+            if req is None:
+                break
+            idx = min(range(len(self.engines)), key=lambda i: load[i])
+            load[idx] += 1
+            self.outstanding[req.prompt_id] = (idx, req)
+            self.requests[req.prompt_id] = req
+            per_engine[idx].append(req)
+            n += 1
+        refs = [self.engines[i].submit.remote(reqs) for i, reqs in per_engine.items()]
+        ray.get(refs, timeout=self.timeout_s)
+        return n
+
+    def poll(self) -> list[Group]:
+        """Complete groups returned by the engines since the last poll (non-blocking on the engines)."""
+        results = ray.get([e.poll.remote() for e in self.engines], timeout=self.timeout_s)
+        by_prompt: dict[str, list[Sample]] = defaultdict(list)
+        for samples in results:
+            for s in samples:
+                by_prompt[s.prompt_id].append(s)
+        groups = []
+        for pid, samples in by_prompt.items():
+            if pid not in self.outstanding:
+                continue  # an aborted request that finished anyway: already re-queued elsewhere
+            del self.outstanding[pid]
+            groups.append(Group(prompt_id=pid, samples=sorted(samples, key=lambda s: s.sample_index)))
+        return groups
+
+    def wait_groups(self, min_groups: int, deadline: float) -> list[Group]:
+        groups: list[Group] = []
+        while len(groups) < min_groups:
+            groups += self.poll()
+            if len(groups) >= min_groups:
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"no rollouts within --rollout.timeout-s {self.timeout_s}: "
+                                   f"{len(self.outstanding)} prompts outstanding on {len(self.engines)} engines")
+            time.sleep(0.005)
+        return groups
+
+    def requeue_from(self, engine_index: int) -> list[str]:
+        """Take back every prompt assigned to an engine (it died or was aborted): they will be resubmitted."""
+        ids = [pid for pid, (i, _) in self.outstanding.items() if i == engine_index]
+        for pid in ids:
+            self.requeue.append(self.outstanding.pop(pid)[1])
+        return ids
+
+    def forget(self, prompt_id: str) -> None:
+        self.requests.pop(prompt_id, None)
+
+    def state_dict(self, in_flight: set[str]) -> dict:
+        """Stream position plus the requests of every prompt still in flight: resubmitted first on resume."""
+        queued = {r.prompt_id for r in self.requeue}
+        reqs = list(self.requeue) + [r for pid, r in self.requests.items() if pid in in_flight and pid not in queued]
+        return {"requeue": reqs, "stream": self.stream.state_dict()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.requeue = list(d["requeue"])
+        self.stream.load_state_dict(d["stream"])
+
+
+def is_stale(group: Group, learner_version: int, async_steps: int) -> bool:
+    """Staleness = learner version - version_start of the oldest sample (the conservative end, INTERFACES §2)."""
+    return learner_version - min(s.version_start for s in group.samples) > async_steps
