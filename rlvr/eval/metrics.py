@@ -147,14 +147,13 @@ def finish_rates(finish_reasons: Iterable[str]) -> dict[str, float]:
 
 def mean_scores(score_dicts: Iterable[Mapping[str, float | None]]) -> dict[str, float]:
     """Per reward function: the mean over completions it scored (None scores are left out)."""
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
+    values: dict[str, list[float]] = defaultdict(list)
     for scores in score_dicts:
         for name, value in scores.items():
             if value is not None:
-                sums[name] += float(value)
-                counts[name] += 1
-    return {name: sums[name] / counts[name] for name in sorted(sums)}
+                values[name].append(float(value))
+    # fmean sums exactly (fsum), so the result does not depend on the order of the completions.
+    return {name: statistics.fmean(values[name]) for name in sorted(values)}
 
 
 def group_metrics(groups: Mapping[str, Sequence[Mapping[str, Any]]], ks: Sequence[int],

@@ -71,8 +71,9 @@ def test_http_server_serves_page_and_api() -> None:
         page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
         assert "/*__RLVR_DATA__*/null" in page  # live page: no embedded data, polls the API
         data = json.load(urllib.request.urlopen(base + "/api/data", timeout=10))
-        assert len(data["runs"][0]["files"]["metrics"]["records"]) == 6
-        cursor = urllib.parse.quote(json.dumps({"0": {"metrics": [0, 6], "eval": [0, 3], "samples": [0, 24]}}))
+        counts = {k: len((FIXTURE / f"{k}.jsonl").read_text().splitlines()) for k in ("metrics", "eval", "samples")}
+        assert {k: len(f["records"]) for k, f in data["runs"][0]["files"].items()} == counts
+        cursor = urllib.parse.quote(json.dumps({"0": {k: [0, n] for k, n in counts.items()}}))
         data = json.load(urllib.request.urlopen(f"{base}/api/data?cursor={cursor}", timeout=10))
         assert all(not f["records"] for f in data["runs"][0]["files"].values())
         with pytest.raises(urllib.error.HTTPError) as err:
