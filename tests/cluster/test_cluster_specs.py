@@ -1,0 +1,211 @@
+"""`rlvr submit`: golden specs for every preset, schema validation (Kubernetes 1.30, KubeRay RayJob CRD,
+Beaker spec v2, all stored under tests/fixtures/schemas/), and the errors users meet (missing CLI, budget).
+
+Regenerate the golden files after an intended change with `RLVR_UPDATE_GOLDEN=1 pytest tests/cluster`.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import json
+import os
+import shlex
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from rlvr.orchestration import submit
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "fixtures" / "golden" / "specs"
+SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
+PRESETS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "configs" / "*.yaml")))
+KINDS = {"beaker": ["beaker", "--beaker-budget", "ai2/example"], "kuberay": ["k8s"],
+         "k8s-job": ["k8s", "--k8s-flavor", "job"], "sbatch": ["slurm"]}
+CUSTOM = ["--num-nodes", "3", "--gpus-per-node", "4", "--image", "registry.example/rlvr:dev", "--env",
+          "NCCL_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=eth0", "--secret", "WANDB_API_KEY=wandb:api-key",
+          "HF_TOKEN=hf-token", "--namespace", "research", "--partition", "gpu", "--account", "rl",
+          "--time", "24:00:00", "--beaker-cluster", "ai2/jupiter", "--beaker-workspace", "ai2/rlvr",
+          "--command", "rlvr train --config configs/gpu-2node.yaml --num-steps 10"]
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # preset paths in the specs are relative to the repository, as in the image
+
+
+def _spec(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert submit.main(argv + ["--dry-run"]) == 0
+    return capsys.readouterr().out
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("RLVR_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}: run with RLVR_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{name} differs from its golden file (RLVR_UPDATE_GOLDEN=1 to accept)"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cluster_golden_preset_specs(preset: str, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    text = _spec(KINDS[kind] + ["--config", preset], capsys)
+    _check_golden(f"{Path(preset).stem}.{kind}", text)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_cluster_golden_custom_specs(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _check_golden(f"custom-3node.{kind}", _spec(KINDS[kind] + ["--config", "configs/gpu-2node.yaml"] + CUSTOM, capsys))
+
+
+# --- schema validation ------------------------------------------------------------------------------------
+
+def _k8s_validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads((SCHEMAS / "k8s-v1.30.0" / name).read_text()))
+
+
+def _strict(schema: dict) -> tuple[dict, list[tuple[str, ...]]]:
+    """The CRD schema with unknown keys rejected, and the paths of its pod templates (validated apart)."""
+    templates: list[tuple[str, ...]] = []
+
+    def walk(node: dict, path: tuple[str, ...]) -> None:
+        if node.pop("x-rlvr-pod-template", False):
+            templates.append(path)
+            return
+        if "properties" in node:
+            node.setdefault("additionalProperties", False)
+            for key, sub in node["properties"].items():
+                walk(sub, path + (key,))
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], path + ("*",))
+
+    schema = copy.deepcopy(schema)
+    walk(schema, ())
+    return schema, templates
+
+
+def _at(doc: object, path: tuple[str, ...]) -> list[object]:
+    if not path:
+        return [doc]
+    head, rest = path[0], path[1:]
+    if head == "*":
+        return [x for item in (doc or []) for x in _at(item, rest)]
+    return _at(doc[head], rest) if isinstance(doc, dict) and head in doc else []
+
+
+def _errors(validator: jsonschema.Validator, doc: object) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)]
+
+
+def validate_rayjob(doc: dict) -> list[str]:
+    """Errors of a RayJob against the trimmed CRD schema plus PodTemplateSpec v1.30 for its pod templates."""
+    crd, templates = _strict(yaml.safe_load((SCHEMAS / "kuberay" / "rayjob-v1-openapi.yaml").read_text()))
+    errors = _errors(jsonschema.Draft202012Validator(crd), doc)
+    pod = _k8s_validator("podtemplatespec-v1.json")
+    for path in templates:
+        for template in _at(doc, path):
+            errors += [f"{'/'.join(path)}: {e}" for e in _errors(pod, template)]
+    return errors
+
+
+@pytest.mark.parametrize("extra", [[], CUSTOM], ids=["default", "custom"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cluster_k8s_manifests_match_schemas(preset: str, extra: list[str],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    rayjob = yaml.safe_load(_spec(["k8s", "--config", preset] + extra, capsys))
+    assert rayjob["kind"] == "RayJob" and rayjob["apiVersion"] == "ray.io/v1"
+    assert validate_rayjob(rayjob) == []
+    service, job = yaml.safe_load_all(_spec(["k8s", "--k8s-flavor", "job", "--config", preset] + extra, capsys))
+    assert _errors(_k8s_validator("service-v1.json"), service) == []
+    assert _errors(_k8s_validator("job-batch-v1.json"), job) == []
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"]  # pod 0 resolves as <job>-0.<service>
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == (3 if extra else rayjob_nodes(rayjob))
+
+
+def rayjob_nodes(rayjob: dict) -> int:
+    workers = rayjob["spec"]["rayClusterSpec"].get("workerGroupSpecs", [])
+    return 1 + sum(g["replicas"] for g in workers)
+
+
+def test_cluster_schemas_reject_mistakes(capsys: pytest.CaptureFixture[str]) -> None:
+    """The validators are not vacuous: typical mistakes in each manifest are caught."""
+    rayjob = yaml.safe_load(_spec(["k8s", "--config", "configs/gpu-2node.yaml"], capsys))
+    bad = copy.deepcopy(rayjob)
+    bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["rayStartParams"]["num-gpus"] = 8  # must be a string
+    assert validate_rayjob(bad)
+    bad = copy.deepcopy(rayjob)
+    bad["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] = 3
+    assert validate_rayjob(bad)
+    bad = copy.deepcopy(rayjob)
+    bad["spec"]["entrypont"] = bad["spec"].pop("entrypoint")
+    assert validate_rayjob(bad)
+    _, job = yaml.safe_load_all(_spec(["k8s", "--k8s-flavor", "job", "--config", "configs/gpu-2node.yaml"], capsys))
+    job["spec"]["template"]["spec"]["containers"][0]["envs"] = []
+    assert _errors(_k8s_validator("job-batch-v1.json"), job)
+    beaker = yaml.safe_load(_spec(KINDS["beaker"] + ["--config", "configs/gpu-2node.yaml"], capsys))
+    beaker["tasks"][0]["replica"] = 2
+    assert _errors(_beaker_validator(), beaker)
+
+
+def _beaker_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads((SCHEMAS / "beaker" / "experiment-spec-v2.json").read_text()))
+
+
+@pytest.mark.parametrize("extra", [[], CUSTOM], ids=["default", "custom"])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_cluster_beaker_spec_matches_documented_fields(preset: str, extra: list[str],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    spec = yaml.safe_load(_spec(KINDS["beaker"] + ["--config", preset] + extra, capsys))
+    assert _errors(_beaker_validator(), spec) == []
+    (task,) = spec["tasks"]
+    assert task["leaderSelection"] is True and task["hostNetworking"] is True
+    assert task["command"][:2] == ["bash", "scripts/ray_node_setup.sh"]
+    if extra:
+        assert {"name": "HF_TOKEN", "secret": "hf-token"} in task["envVars"]
+        assert task["replicas"] == 3 and task["resources"]["gpuCount"] == 4
+
+
+def test_cluster_sbatch_script_is_valid_bash(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import subprocess
+
+    text = _spec(["slurm", "--config", "configs/gpu-2node.yaml"] + CUSTOM, capsys)
+    (tmp_path / "job.sbatch").write_text(text)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
+    assert "#SBATCH --nodes=3" in text and "#SBATCH --gpus-per-node=4" in text
+    srun = shlex.split(text.strip().splitlines()[-1])
+    assert srun[0] == "srun" and srun[srun.index("--") + 1:] == shlex.split(CUSTOM[-1])
+
+
+@pytest.mark.parametrize("scheduler,cli", [("beaker", "beaker"), ("k8s", "kubectl"), ("slurm", "sbatch")])
+def test_cluster_submit_names_missing_cli(scheduler: str, cli: str, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no scheduler CLI anywhere
+    argv = [scheduler, "--config", "configs/gpu-2node.yaml", "--beaker-budget", "ai2/example"]
+    assert submit.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"`{cli}` is not on PATH" in err and "--dry-run" in err
+
+
+def test_cluster_submit_runs_scheduler_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """With the CLI on PATH the spec file is handed to it (a stub sbatch records its argument)."""
+    stub = tmp_path / "sbatch"
+    stub.write_text(f"#!/bin/sh\ncp \"$1\" {tmp_path}/submitted\necho Submitted batch job 42\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    out = tmp_path / "job.sbatch"
+    assert submit.main(["slurm", "--config", "configs/gpu-2x.yaml", "--output", str(out)]) == 0
+    assert (tmp_path / "submitted").read_text() == out.read_text()
+    assert "sbatch" in capsys.readouterr().err
+
+
+def test_cluster_beaker_needs_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert submit.main(["beaker", "--config", "configs/gpu-2node.yaml"]) == 2
+    assert "--beaker-budget" in capsys.readouterr().err
