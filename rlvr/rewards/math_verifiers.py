@@ -10,11 +10,14 @@ Invariants:
   without a box only the last `tail_chars` characters are parsed, so a 100 kB completion costs no more
   than a short one.
 - A `ground_truth` list means "any of these": the score is the max over golds.
+- Fast path before sympy: identical strings (modulo spaces, \\left/\\right, thin spaces) score 1, and two
+  plain decimal numbers are compared as floats; (golds, answer) verdicts are memoised (LRU, 16k entries).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 from rlvr.rewards.answer_text import final_answer_text, last_boxed, last_number
@@ -53,7 +56,39 @@ def _golds(metadata: dict) -> list[str] | None:
     return [str(g) for g in golds]
 
 
-def _equivalent(golds: list[str], pred_source: str) -> float:
+_PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _plain(text: str) -> str:
+    text = text.strip().strip("$").strip()
+    if text.startswith("\\boxed{") and text.endswith("}"):
+        text = text[len("\\boxed{"):-1]
+    return re.sub(r"\s+|\\left|\\right|\\!|\\,", "", text).rstrip(".").replace("{,}", "")
+
+
+def _fast_path(golds: list[str], pred_source: str) -> float | None:
+    """Decide without sympy when both sides are the same string or both are plain decimal numbers."""
+    pred = _plain(pred_source)
+    pred_is_number = _PLAIN_NUMBER.fullmatch(pred) is not None
+    all_numbers = pred_is_number
+    for gold in golds:
+        g = _plain(gold)
+        if g == pred and g:
+            return 1.0
+        if pred_is_number and _PLAIN_NUMBER.fullmatch(g):
+            if abs(float(g) - float(pred)) <= 1e-9 * max(1.0, abs(float(g))):
+                return 1.0
+        else:
+            all_numbers = False
+    return 0.0 if all_numbers else None
+
+
+@functools.lru_cache(maxsize=16384)
+def _equivalent_cached(golds: tuple[str, ...], pred_source: str) -> float:
+    # Cached: the G samples of a GRPO group often give the same answer to the same gold.
+    fast = _fast_path(list(golds), pred_source)
+    if fast is not None:
+        return fast
     mv = _math_verify()
     pred = mv.parse(pred_source, parsing_timeout=None)
     if not pred:
@@ -63,6 +98,10 @@ def _equivalent(golds: list[str], pred_source: str) -> float:
         if gold_parsed and mv.verify(list(gold_parsed), pred, timeout_seconds=None):
             return 1.0
     return 0.0
+
+
+def _equivalent(golds: list[str], pred_source: str) -> float:
+    return _equivalent_cached(tuple(golds), pred_source)
 
 
 @register_reward("math")

@@ -1,0 +1,190 @@
+"""Code verifiers and the local sandbox: scoring tables and escape attempts (each contained and scored 0)."""
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from rlvr.rewards.code_verifiers import last_code_block, parse_tests
+from rlvr.rewards.registry import get_reward
+from rlvr.rewards.sandbox import LocalSandboxExecutor, RemoteExecutor, SandboxLimits, isolation_level
+
+needs_isolation = pytest.mark.skipif(isolation_level() != "namespaces",
+                                     reason="needs root and unshare (namespace isolation)")
+ASSERTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
+STDIO = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4", "output": "6"}]
+
+
+def fenced(code: str, lang: str = "python") -> str:
+    return f"Here you go:\n```{lang}\n{code}\n```\n"
+
+
+CASES = [
+    # (completion, tests, code, code_binary)
+    (fenced("def add(a, b):\n    return a + b"), ASSERTS, 2 / 3, 0.0),
+    (fenced("def add(a, b):\n    return a - b"), ASSERTS, 0.0, 0.0),
+    (fenced("a, b = map(int, input().split())\nprint(a + b)"), STDIO, 1.0, 1.0),
+    (fenced("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a * b)"), STDIO, 0.0, 0.0),
+    (fenced("def add(a, b): return 0") + fenced("def add(a, b):\n    return a + b", ""), ASSERTS, 2 / 3, 0.0),  # last block
+    ("def add(a, b):\n    return a + b", ASSERTS, 0.0, 0.0),  # no fence
+    ("", ASSERTS, 0.0, 0.0),
+    ("<think>" + fenced("def add(a, b):\n    return a + b") + "</think>no code", ASSERTS, 0.0, 0.0),
+    (fenced("def add(a, b):\n    return a + b  # ünïcödé ✓ {{}}"), ASSERTS, 2 / 3, 0.0),
+    ("x" * 100_000 + fenced("def add(a, b):\n    return a + b"), ASSERTS, 2 / 3, 0.0),
+    (fenced("raise SystemExit(0)\ndef add(a, b):\n    return a + b"), ASSERTS, 0.0, 0.0),
+    (fenced("import os\nos._exit(0)"), ASSERTS, 0.0, 0.0),  # exiting early passes nothing
+    (fenced("def add(a, b):\n    return a + b\nimport builtins\nbuiltins.AssertionError = None"), ASSERTS, 2 / 3, 0.0),
+]
+
+
+@needs_isolation
+@pytest.mark.parametrize("completion,tests,frac,binary", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_code_table(completion, tests, frac, binary):
+    assert get_reward("code").fn(completion, {"tests": tests}) == pytest.approx(frac)
+    assert get_reward("code_binary").fn(completion, {"ground_truth": tests}) == binary
+
+
+def test_parse_tests_and_blocks():
+    assert parse_tests({"ground_truth": '["assert 1"]'}) == ["assert 1"]
+    assert parse_tests({"tests": {"inputs": ["1"], "outputs": ["2"]}}) == [{"input": "1", "output": "2"}]
+    assert parse_tests({}) is None
+    assert get_reward("code").fn(fenced("x"), {}) is None
+    assert last_code_block("```py\na\n```\n```\nb\n```") == "b\n"
+    with pytest.raises(ValueError):
+        parse_tests({"tests": [1, 2]})
+
+
+# ---- escapes: each must score 0 and leave nothing behind ----
+FAST = SandboxLimits(test_timeout_s=2.0)
+
+
+def run_one(program: str, tests=("assert True",), limits=FAST) -> tuple[list[bool], float]:
+    start = time.perf_counter()
+    passed = LocalSandboxExecutor(limits).run(program, list(tests))
+    return passed, time.perf_counter() - start
+
+
+@needs_isolation
+def test_infinite_loop_is_killed():
+    passed, elapsed = run_one("while True:\n    pass")
+    assert passed == [False] and elapsed < 10
+
+
+@needs_isolation
+def test_fork_bomb_is_contained():
+    passed, elapsed = run_one("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    assert passed == [False] and elapsed < 15
+    assert run_one("x = 1", ["assert x == 1"])[0] == [True]  # the next sample is unaffected
+
+
+@needs_isolation
+def test_one_gigabyte_allocation_fails():
+    passed, _ = run_one("x = bytearray(1024 ** 3)\nx[-1] = 1")
+    assert passed == [False]
+
+
+@needs_isolation
+def test_cannot_write_outside_scratch(tmp_path):
+    target = tmp_path / "escape.txt"
+    os.chmod(tmp_path, 0o777)
+    program = (f"for p in [{str(target)!r}, '/work/escape.txt', '/root/escape.txt', '/etc/escape.txt']:\n"
+               "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\n"
+               "assert False")
+    passed, _ = run_one(program)
+    assert passed == [False]
+    assert not target.exists() and not os.path.exists("/work/escape.txt") and not os.path.exists("/etc/escape.txt")
+
+
+@needs_isolation
+def test_cannot_read_other_sample_files():
+    writer = "import os, time\nopen('secret.txt', 'w').write('s3cret')\nopen('/tmp/secret2.txt', 'w').write('x')\ntime.sleep(3)"
+    reader = ("import glob, os\n"
+              "found = glob.glob('/tmp/**/secret*', recursive=True) + glob.glob('/tmp/rlvr-sandbox-*/**', recursive=True)\n"
+              "assert found, 'nothing to read'")
+    results = {}
+    t = threading.Thread(target=lambda: results.setdefault("w", run_one(writer, limits=SandboxLimits(test_timeout_s=5))))
+    t.start()
+    time.sleep(1.0)
+    results["r"] = run_one(reader)
+    t.join()
+    assert results["r"][0] == [False]
+
+
+@needs_isolation
+def test_no_network():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        program = ("import socket\n"
+                   f"socket.create_connection(('127.0.0.1', {port}), timeout=1).send(b'hi')\n")
+        passed, _ = run_one(program)
+        assert passed == [False]
+        server.settimeout(0.2)
+        with pytest.raises(OSError):
+            server.accept()
+    finally:
+        server.close()
+
+
+@needs_isolation
+def test_cannot_kill_parent():
+    program = ("import os, signal\n"
+               "for pid in [os.getppid(), 1, -1]:\n"
+               "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+               "assert os.getuid() == 0")
+    passed, _ = run_one(program)
+    assert passed == [False]  # and we (the test process, the worker's parent chain) are alive to assert it
+
+
+@needs_isolation
+def test_huge_stdout_is_cut():
+    completion = fenced("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)")
+    start = time.perf_counter()
+    assert get_reward("code").fn(completion, {"tests": [{"input": "", "output": "x"}]}) == 0.0
+    assert time.perf_counter() - start < 15
+
+
+@needs_isolation
+def test_runs_unprivileged_in_namespaces():
+    program = "import os"
+    tests = ["assert os.getuid() == 65534 and os.getgid() == 65534 and os.getgroups() == []",
+             "assert os.getpid() < 10", "assert os.getcwd() == '/tmp/work'",
+             "assert sorted(os.listdir('/tmp')) == ['work'] or all(n.startswith(('work', '.rlvr')) for n in os.listdir('/tmp'))"]
+    assert run_one(program, tests)[0] == [True] * 4
+
+
+def test_remote_executor_failure_scores_zero():
+    executor = RemoteExecutor("http://127.0.0.1:9/none", timeout_s=1)  # discard port: nothing listens
+    assert executor.run("x", ["assert True", "assert True"]) == [False, False]
+
+
+def test_remote_executor_protocol():
+    import json
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    seen = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.update(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"results": [1, 0]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/test_program"
+    score = get_reward("code").fn(fenced("pass"), {"tests": ["assert 1", "assert 0"]}, executor_url=url)
+    thread.join()
+    server.server_close()
+    assert score == 0.5 and seen["program"] == "pass\n" and seen["tests"] == ["assert 1", "assert 0"]

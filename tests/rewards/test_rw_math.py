@@ -1,0 +1,98 @@
+"""Table-driven tests of the math verifiers (math, math_boxed_strict, gsm8k)."""
+
+import time
+
+import pytest
+
+from rlvr.rewards.registry import get_reward
+
+BIG = "blah " * 20000  # 100 kB
+
+MATH_CASES = [
+    # (completion, ground_truth, expected)
+    (r"The answer is \boxed{\frac{1}{2}}", "0.5", 1.0),
+    (r"so $x = \frac{1}{2}$", r"\frac{1}{2}", 1.0),
+    ("The answer is 42", "42", 1.0),
+    (r"\boxed{50\%}", r"50\%", 1.0),
+    (r"\boxed{0.5}", r"50\%", 1.0),
+    (r"\boxed{5 \text{ cm}}", "5", 1.0),
+    (r"\boxed{[1, 2)}", "[1,2)", 1.0),
+    (r"\boxed{(1, 2]}", "[1,2)", 0.0),
+    (r"\boxed{\{2, 1\}}", r"\{1,2\}", 1.0),
+    (r"\boxed{y = 1 + 2x}", "y=2x+1", 1.0),
+    (r"\boxed{\sqrt{2}}", r"\sqrt{2}", 1.0),
+    (r"\boxed{\frac{\frac{1}{2}}{\frac{1}{4}}}", "2", 1.0),  # nested braces
+    (r"first \boxed{3} then \boxed{4}", "4", 1.0),  # several boxes: the last counts
+    (r"first \boxed{4} then \boxed{3}", "4", 0.0),
+    (r"\boxed{7}", "42", 0.0),
+    ("", "42", 0.0),
+    (r"<think>it is \boxed{42}</think> I don't know", "42", 0.0),  # answer only inside the reasoning
+    (r"<think>it is \boxed{42} and I keep thinking", "42", 0.0),  # unterminated reasoning
+    (r"<think>maybe 41</think> \boxed{42}", "42", 1.0),
+    ("答案是 \\boxed{42}。", "42", 1.0),  # unicode
+    (BIG + r" \boxed{42}", "42", 1.0),
+    (BIG, "42", 0.0),
+    (r"\boxed{" + "1+" * 2000 + "1}", "2001", 0.0),  # over max_answer_chars: refused, fast
+    (r"\boxed{\frac{1}{2", "0.5", 0.0),  # unbalanced
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", MATH_CASES)
+def test_math(completion, gold, expected):
+    assert get_reward("math").fn(completion, {"ground_truth": gold}) == expected
+
+
+STRICT_CASES = [
+    (r"\boxed{42}", "42", 1.0),
+    ("The answer is 42", "42", 0.0),  # no box: strict scores 0
+    (r"$42$", "42", 0.0),
+    (r"\boxed{}", "42", 0.0),
+    (r"\boxed{41} \boxed{42}", "42", 1.0),
+    (r"<think>\boxed{42}</think>", "42", 0.0),
+    ("", "42", 0.0),
+    (BIG + r"\boxed{42}", "42", 1.0),
+    ("é \\boxed{\\frac{2}{4}}", "1/2", 1.0),
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", STRICT_CASES)
+def test_math_boxed_strict(completion, gold, expected):
+    assert get_reward("math_boxed_strict").fn(completion, {"ground_truth": gold}) == expected
+
+
+GSM8K_CASES = [
+    ("so she has 72 apples", "72", 1.0),
+    ("so she has 72 apples", "Natalia sold 48/2 = 24 clips.\n#### 72", 1.0),
+    ("The total is $1,234.", "1234", 1.0),
+    ("3 + 4 = 7, then 7 * 2 = 14", "14", 1.0),
+    ("14 first, then finally 15", "14", 0.0),
+    ("-3", "-3", 1.0),
+    ("0.50", "0.5", 1.0),
+    ("no numbers here", "5", 0.0),
+    ("", "5", 0.0),
+    ("<think>72</think> I give up", "72", 0.0),
+    ("٧٢ ﻿ 72", "72", 1.0),  # unicode digits elsewhere; ascii number last
+    (BIG + " 72", "72", 1.0),
+    (r"\boxed{3} \boxed{72}", "72", 1.0),
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", GSM8K_CASES)
+def test_gsm8k(completion, gold, expected):
+    assert get_reward("gsm8k").fn(completion, {"ground_truth": gold}) == expected
+
+
+@pytest.mark.parametrize("name", ["math", "math_boxed_strict", "gsm8k"])
+def test_no_ground_truth_is_none(name):
+    assert get_reward(name).fn(r"\boxed{1}", {}) is None
+
+
+def test_ground_truth_list_means_any():
+    assert get_reward("math").fn(r"\boxed{3}", {"ground_truth": ["2", "3"]}) == 1.0
+
+
+def test_big_inputs_are_fast():
+    start = time.perf_counter()
+    for completion, gold, _ in MATH_CASES[-4:]:
+        get_reward("math").fn(completion * 1, {"ground_truth": gold})
+    assert time.perf_counter() - start < 5.0
