@@ -113,6 +113,12 @@ class LearnerWorker:
                         global_num_loss_tokens=pb.global_num_loss_tokens, global_num_samples=pb.global_num_samples,
                         sample_ids=mb.sample_ids.to(self.device), ref_logprobs=ref[bi][mi] if ref else None,
                         is_weights=is_w, entropy=ent)
+                    # a micro-batch without loss tokens (a dummy that evens out ranks) still needs a graph:
+                    # every rank must run backward so that ZeRO's gradient reductions line up
+                    if lp.grad_fn is None:  # a 1-token dummy row runs no lm_head: touch every parameter
+                        loss = loss + 0.0 * sum(p.sum() for p in self.model.parameters() if p.requires_grad)
+                    else:
+                        loss = loss + 0.0 * lp.sum()
                     if not torch.isfinite(loss):
                         finite = False
                         break

@@ -186,7 +186,11 @@ class Trainer:
             groups.setdefault(s.prompt_id, Group(prompt_id=s.prompt_id, samples=[])).samples.append(s)
         glist = list(groups.values())
         self._score(glist)
-        metrics = eval_metrics(glist)
+        metrics = eval_metrics(glist)  # basic keys (eval/reward_mean, eval/pass@1) kept stable for tools
+        from rlvr.eval.cli import default_ks
+        from rlvr.eval.runner import summarize_groups
+
+        metrics.update(summarize_groups(glist, ks=default_ks(self.cfg.eval.num_samples))[0])  # same code as `rlvr eval`
         metrics["time/eval"] = time.perf_counter() - t0
         self.eval_file.write({"step": self.step, "time": time.time(), **metrics})
         return metrics
@@ -224,55 +228,61 @@ class Trainer:
                 self.samples_file.write(rec)
         if self.wandb is not None:
             self.wandb.log(self.step, metrics)
+            if every and self.step % every == 0:
+                self.wandb.log_samples(self.step, sample_records(groups, self.step, self.cfg.logging.num_logged_samples))
         self.progress.update(self.step, metrics)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, float]:
-        cfg = self.cfg
+        """Train until `num_steps` (or the data runs out); returns the last step's metrics."""
         last: dict[str, float] = {}
-        empty_rounds = 0
-        if cfg.eval.at_step_0 and self.step == 0:
+        if self.cfg.eval.at_step_0 and self.step == 0:
             last.update(self.evaluate())
             self.metrics_file.write({"step": 0, "time": time.time(), **last})
-        while self.step < cfg.num_steps:
-            t_step = time.perf_counter()
-            groups, m = self._collect()
-            if not groups:
-                if self.feeder.exhausted and not self.feeder.outstanding:
-                    logger.info("training data exhausted at step %d", self.step)
-                    break
-                empty_rounds += 1
-                if empty_rounds >= 20:
-                    raise RuntimeError("20 collection rounds in a row gave no informative group (every group's "
-                                       "rewards were equal): check the reward functions, or set "
-                                       "--rollout.filter-zero-variance False")
-                logger.warning("step %d: no informative groups among %d resolved prompts; collecting again",
-                               self.step + 1, int(m.get("data/groups_kept", 0) + m.get("data/groups_all_correct", 0)
-                                                  + m.get("data/groups_all_wrong", 0)))
-                continue
-            empty_rounds = 0
-            m.update(assign_group_advantages(groups, self.adv_cfg))
-            per_rank, pack_m = self._pack(groups)
-            m.update(pack_m)
-            m.update(self._train_and_sync(per_rank))
-            for g in groups:
-                self._finish(g.prompt_id, "trained")
-            self.ledger.count_source_drops(**_source_drops(self.feeder.stream))
-            self.ledger.check()
-            m.update(self.ledger.metrics())
-            wall = time.perf_counter() - t_step
-            num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
-            num_workers = len(self.actors.learners) + len(self.actors.engines)
-            m.update({"time/step": wall, "perf/tokens_per_s": num_tokens / wall,
-                      "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers})
-            if cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0 or self.step == cfg.num_steps:
-                m.update(self.evaluate())
-            self._log(m, groups)
-            every = cfg.checkpoint.every_n_steps
-            if (every and self.step % every == 0) or (self.step == cfg.num_steps and cfg.checkpoint.save_final):
-                self.save_checkpoint()
+        while self.step < self.cfg.num_steps:
+            m = self.train_step()
+            if m is None:
+                break
             last = m
         return last
+
+    def train_step(self) -> dict[str, float] | None:
+        """One step: collect -> advantages -> pack -> train -> sync -> log -> eval -> checkpoint (None: no data)."""
+        cfg = self.cfg
+        t_step = time.perf_counter()
+        for _round in range(20):
+            groups, m = self._collect()
+            if groups:
+                break
+            if self.feeder.exhausted and not self.feeder.outstanding and not self.pending:
+                logger.info("training data exhausted at step %d", self.step)
+                return None
+            logger.warning("step %d: no informative group among the resolved prompts; collecting again", self.step + 1)
+        else:
+            raise RuntimeError("20 collection rounds in a row gave no informative group (every group's rewards "
+                               "were equal): check the reward functions, or set --rollout.filter-zero-variance False")
+        groups.sort(key=lambda g: self.feeder.order(g.prompt_id))  # deterministic batch order
+        m.update(assign_group_advantages(groups, self.adv_cfg))
+        per_rank, pack_m = self._pack(groups)
+        m.update(pack_m)
+        m.update(self._train_and_sync(per_rank))
+        for g in groups:
+            self._finish(g.prompt_id, "trained")
+        self.ledger.count_source_drops(**_source_drops(self.feeder.stream))
+        self.ledger.check()
+        m.update(self.ledger.metrics())
+        wall = time.perf_counter() - t_step
+        num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
+        num_workers = len(self.actors.learners) + len(self.actors.engines)
+        m.update({"time/step": wall, "perf/tokens_per_s": num_tokens / wall,
+                  "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers})
+        if (cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0) or self.step == cfg.num_steps:
+            m.update(self.evaluate())
+        self._log(m, groups)
+        every = cfg.checkpoint.every_n_steps
+        if (every and self.step % every == 0) or (self.step == cfg.num_steps and cfg.checkpoint.save_final):
+            self.save_checkpoint()
+        return m
 
     def close(self) -> None:
         for f in (self.metrics_file, self.eval_file, self.samples_file):

@@ -27,6 +27,8 @@ class RolloutFeeder:
         self.batch_size, self.async_steps, self.timeout_s = batch_size, async_steps, timeout_s
         self.outstanding: dict[str, tuple[int, PromptRequest]] = {}  # prompt_id -> (engine index, request)
         self.requests: dict[str, PromptRequest] = {}  # every prompt pulled and not yet resolved
+        self._order: dict[str, int] = {}  # prompt_id -> submission sequence number (deterministic batch order)
+        self._seq = 0
         self.requeue: list[PromptRequest] = []
         self.exhausted = False
         self.pulled_this_step = 0
@@ -60,6 +62,8 @@ class RolloutFeeder:
             load[idx] += 1
             self.outstanding[req.prompt_id] = (idx, req)
             self.requests[req.prompt_id] = req
+            self._order[req.prompt_id] = self._seq
+            self._seq += 1
             per_engine[idx].append(req)
             n += 1
         refs = [self.engines[i].submit.remote(reqs) for i, reqs in per_engine.items()]
@@ -100,8 +104,12 @@ class RolloutFeeder:
             self.requeue.append(self.outstanding.pop(pid)[1])
         return ids
 
+    def order(self, prompt_id: str) -> int:
+        return self._order.get(prompt_id, 0)
+
     def forget(self, prompt_id: str) -> None:
         self.requests.pop(prompt_id, None)
+        self._order.pop(prompt_id, None)
 
     def state_dict(self, in_flight: set[str]) -> dict:
         """Stream position plus the requests of every prompt still in flight: resubmitted first on resume."""

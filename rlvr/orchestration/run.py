@@ -123,8 +123,24 @@ def run_dir_for(cfg: ExperimentConfig) -> RunDir:
     return RunDir(Path(cfg.checkpoint.output_dir) / name)
 
 
-def train(cfg: ExperimentConfig) -> int:
-    """Run training; returns the exit status (0 ok, 130 interrupted)."""
+@dataclass
+class Prepared:
+    """Everything checked and built before Ray starts."""
+
+    run_dir: RunDir
+    model_dir: str
+    tokenizer: Any
+    stream: Any
+    eval_requests: list
+
+    @property
+    def pad_token_id(self) -> int:
+        t = self.tokenizer
+        return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
+
+
+def prepare(cfg: ExperimentConfig) -> Prepared:
+    """Run dir, config.yaml, model directory, tokenizer, every dataset row checked, eval prompts."""
     run_dir = run_dir_for(cfg)
     setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
     run_dir.path("config.yaml").write_text(to_yaml(cfg))
@@ -138,20 +154,32 @@ def train(cfg: ExperimentConfig) -> int:
     known = _known_verifiers(cfg)
     stream = PromptStream(cfg, tokenizer, known)  # every row checked here, before Ray starts
     evals = eval_requests(cfg, tokenizer, known) if (cfg.eval.every_n_steps or cfg.eval.at_step_0) else []
-    import ray
+    return Prepared(run_dir, model_dir, tokenizer, stream, evals)
 
+
+def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors) -> Any:
+    """A Trainer over created actors, restored from the checkpoint `checkpoint.resume` selects."""
     from rlvr.orchestration.driver import Trainer
+
+    trainer = Trainer(cfg, prep.run_dir, actors, prep.stream, prep.eval_requests, prep.model_dir,
+                      prep.pad_token_id, wandb=_wandb(cfg, prep.run_dir))
+    ckpt = prep.run_dir.find_resume(cfg.checkpoint.resume)
+    if ckpt is not None:
+        trainer.restore(ckpt)
+    return trainer
+
+
+def train(cfg: ExperimentConfig) -> int:
+    """Run training; returns the exit status (0 ok, 130 interrupted)."""
+    prep = prepare(cfg)
+    import ray
 
     started = _start_ray(cfg)
     actors = Actors()
     trainer = None
     try:
-        actors = create_actors(cfg, model_dir, _device(cfg))
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        trainer = Trainer(cfg, run_dir, actors, stream, evals, model_dir, pad, wandb=_wandb(cfg, run_dir))
-        ckpt = run_dir.find_resume(cfg.checkpoint.resume)
-        if ckpt is not None:
-            trainer.restore(ckpt)
+        actors = create_actors(cfg, prep.model_dir, _device(cfg))
+        trainer = build_trainer(cfg, prep, actors)
         final = trainer.run()
         logger.info("done at step %d: %s", trainer.step,
                     {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/reward", "reward/total"))})
@@ -172,4 +200,4 @@ def _wandb(cfg: ExperimentConfig, run_dir: RunDir) -> Any:
         return None
     from rlvr.telemetry.wandb_logger import WandbLogger
 
-    return WandbLogger(cfg, run_dir.root)
+    return WandbLogger.from_config(cfg, run_dir.root)

@@ -78,7 +78,7 @@ def sample_records(groups: list[Group], step: int, limit: int) -> list[dict[str,
             if len(out) >= limit:
                 return out
             out.append({"step": step, "prompt_id": s.prompt_id, "prompt": s.prompt_text,
-                        "completion": s.completion_text, "scores": r.scores, "total": r.total,
+                        "completion": s.completion_text, "completion_len": len(s.completion_token_ids), "scores": r.scores, "total": r.total,
                         "correct": r.correct, "advantage": adv, "finish_reason": s.finish_reason,
                         "version_start": s.version_start, "version_end": s.version_end})
     return out
