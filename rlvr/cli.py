@@ -79,7 +79,11 @@ def _train(argv: list[str]) -> int:
         return 0
     from rlvr.orchestration.run import train
 
-    return train(cmd.experiment)
+    try:
+        return train(cmd.experiment)
+    except ValueError as e:  # bad input found before or during start-up (data rows, model path, verifiers)
+        print(f"rlvr train: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _not_implemented(name: str, issue: int) -> Callable[[list[str]], int]:

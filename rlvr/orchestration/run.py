@@ -152,6 +152,9 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_dir)
     known = _known_verifiers(cfg)
+    from rlvr.rewards.scorer import RewardScorer
+
+    RewardScorer(cfg.rewards)  # unknown reward names and bad params fail here, before any actor starts
     stream = PromptStream(cfg, tokenizer, known)  # every row checked here, before Ray starts
     evals = eval_requests(cfg, tokenizer, known) if (cfg.eval.every_n_steps or cfg.eval.at_step_0) else []
     return Prepared(run_dir, model_dir, tokenizer, stream, evals)
