@@ -4,6 +4,11 @@ Tasks:
 - `copy`: the prompt is a random string over `COPY_ALPHABET` (length 3-6) followed by "=" ("bdac="); the
   answer is the same string ("bdac"). Scored by `copy_reward`, which gives partial credit per matching
   position, so a randomly initialised model earns some reward by chance and GRPO can climb from there.
+- `copy4`: the demo task (`rlvr train` with no arguments). Like `copy`, but every string has exactly
+  `COPY4_LEN` = 4 characters over `COPY4_ALPHABET` = "abcde" ("bdac=" -> "bdac"; 625 strings, about 1/8 of
+  them held out). A fixed length puts each answer character at the same distance from its source in the
+  prompt, which a tiny random-init model can discover by RL in a few hundred steps; a random model still
+  earns ~0.2 per position by chance. Scored by `copy_reward`.
 - `arith`: single-digit addition ("3+4=" -> "7"), scored by the same `copy_reward` (verifier "copy").
 
 Invariants:
@@ -26,9 +31,11 @@ COPY_ALPHABET = "abcdef"
 """Small alphabet: a random model hits the right character often enough to get partial credit."""
 COPY_MIN_LEN = 3
 COPY_MAX_LEN = 6
+COPY4_ALPHABET = "abcde"
+COPY4_LEN = 4
 COPY_VERIFIER = "copy"
 """Verifier name the built-in tasks route to (the rewards registry maps it to `copy_reward`)."""
-BUILTIN_TASKS: tuple[str, ...] = ("copy", "arith")
+BUILTIN_TASKS: tuple[str, ...] = ("copy", "copy4", "arith")
 """Names accepted after `builtin:`."""
 
 _TEST_SEED = 1234567
@@ -51,16 +58,24 @@ def _check(name: str, split: str) -> None:
         raise ValueError(f"built-in task {name!r} has splits 'train' and 'test', not {split!r}")
 
 
-def _copy_string(rng: random.Random) -> str:
-    length = rng.randint(COPY_MIN_LEN, COPY_MAX_LEN)
-    return "".join(rng.choice(COPY_ALPHABET) for _ in range(length))
+def _copy_spec(name: str) -> tuple[str, int, int]:
+    """(alphabet, min length, max length) of a copy-family task."""
+    if name == "copy4":
+        return COPY4_ALPHABET, COPY4_LEN, COPY4_LEN
+    return COPY_ALPHABET, COPY_MIN_LEN, COPY_MAX_LEN
 
 
-def _copy_rows(split: str, num_rows: int, rng: random.Random) -> list[dict[str, Any]]:
+def _copy_string(rng: random.Random, name: str) -> str:
+    alphabet, min_len, max_len = _copy_spec(name)
+    length = rng.randint(min_len, max_len)
+    return "".join(rng.choice(alphabet) for _ in range(length))
+
+
+def _copy_rows(split: str, num_rows: int, rng: random.Random, name: str = "copy") -> list[dict[str, Any]]:
     want_test = split == "test"
     rows: list[dict[str, Any]] = []
     while len(rows) < num_rows:
-        s = _copy_string(rng)
+        s = _copy_string(rng, name)
         if _is_test_item(s) != want_test:
             continue
         rows.append({"prompt": f"{s}=", "ground_truth": s, "verifier": COPY_VERIFIER})
@@ -90,8 +105,8 @@ def builtin_rows(name: str, split: str, num_rows: int, seed: int) -> list[dict[s
     if num_rows < 0:
         raise ValueError(f"num_rows must be >= 0, got {num_rows}")
     rng = random.Random(_TEST_SEED if split == "test" else (seed * 1_000_003 + 17))
-    if name == "copy":
-        return _copy_rows(split, num_rows, rng)
+    if name in ("copy", "copy4"):
+        return _copy_rows(split, num_rows, rng, name)
     return _arith_rows(split, num_rows, rng)
 
 
@@ -101,13 +116,13 @@ def builtin_corpus(name: str) -> list[str]:
     Deterministic. Covers every character a row of either split can contain, so each is one token.
     """
     _check(name, "train")
-    if name == "copy":
-        chars = list(COPY_ALPHABET) + ["="]
+    if name in ("copy", "copy4"):
+        chars = list(_copy_spec(name)[0]) + ["="]
     else:
         chars = [str(d) for d in range(10)] + ["+", "="]
     lines = list(chars)
     rng = random.Random(_TEST_SEED + 1)
-    rows = _copy_rows("train", 500, rng) if name == "copy" else _arith_rows("train", 200, rng)
+    rows = _copy_rows("train", 500, rng, name) if name in ("copy", "copy4") else _arith_rows("train", 200, rng)
     lines.extend(row["prompt"] + row["ground_truth"] for row in rows)
     return lines
 

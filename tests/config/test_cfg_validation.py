@@ -47,7 +47,7 @@ def test_yaml_scientific_string_is_a_number():
     ({"generation": {"num_samples": 1}}, r"num-samples must be >= 2"),
     ({"algorithm": {"clip_eps_low": 0.0}}, r"clip-eps-low must be > 0"),
     ({"algorithm": {"clip_eps_high": -0.1}}, r"clip-eps-high must be > 0"),
-    ({"learner": {"pack_length": 16}}, r"pack-length \(16\) is shorter .* = 32 \+ 12 = 44"),
+    ({"learner": {"pack_length": 16}}, r"pack-length \(16\) is shorter .* = 32 \+ 5 = 37"),
     ({"cluster": {"device": "cuda", "num_learners": 6, "num_engines": 4, "gpus_per_node": 8}},
      r"num_learners 6 \+ num_engines 4 \* engine_tp 1 = 10 GPUs, but the cluster has num_nodes 1 \* gpus_per_node 8 = 8"),
     ({"cluster": {"device": "cuda", "engine_tp": 4, "gpus_per_node": 2, "num_nodes": 4}}, r"engine-tp 4 exceeds"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlvr.data import BUILTIN_TASKS, builtin_corpus, builtin_rows, copy_reward
-from rlvr.data.tasks import COPY_ALPHABET
+from rlvr.data.tasks import COPY4_ALPHABET, COPY4_LEN, COPY_ALPHABET
 
 
 def test_copy_rows_shape() -> None:
@@ -17,6 +17,19 @@ def test_copy_rows_shape() -> None:
         assert r["prompt"] == r["ground_truth"] + "="
         assert 3 <= len(r["ground_truth"]) <= 6
         assert set(r["ground_truth"]) <= set(COPY_ALPHABET)
+
+
+def test_copy4_rows_shape_and_held_out_size() -> None:
+    rows = builtin_rows("copy4", "train", 200, seed=0)
+    for r in rows:
+        assert r["verifier"] == "copy"
+        assert r["prompt"] == r["ground_truth"] + "="
+        assert len(r["ground_truth"]) == COPY4_LEN
+        assert set(r["ground_truth"]) <= set(COPY4_ALPHABET)
+    # the demo evaluates on the first 64 test rows: enough distinct held-out strings to measure copying
+    assert len({r["prompt"] for r in builtin_rows("copy4", "test", 64, seed=0)}) >= 40
+    # the tokenizer corpus covers exactly the task's characters (a character-level vocabulary when unmerged)
+    assert set("".join(builtin_corpus("copy4"))) == set(COPY4_ALPHABET) | {"="}
 
 
 @pytest.mark.parametrize("task", BUILTIN_TASKS)
