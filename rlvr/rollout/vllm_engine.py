@@ -1,0 +1,601 @@
+"""The vLLM generation engine (GPU): `GenerationEngine` (INTERFACES.md §3) on vLLM 0.26's `AsyncLLM`.
+
+A plain class (no Ray). `AsyncLLM` runs on an asyncio loop in a background thread owned by this object;
+every public method is synchronous, thread-safe, and hands its work to that loop. vllm is imported only
+here and only inside functions, so `import rlvr.rollout.vllm_engine` works without the `gpu` extra.
+
+Invariants:
+- A prompt's `num_samples` samples go to vLLM as separate n=1 requests with seeds seed + j (vLLM's own n>1
+  fan-out does the same: parallel_sampling.py), so each sample has its own finish time and `version_end`;
+  they share the prompt's KV through prefix caching. A group is filed once all its samples are done.
+- `Sample.logprobs` come from `logprobs_mode="processed_logprobs"` with `logprobs=0`: log_softmax of the
+  logits after temperature (greedy rows: temperature 1), i.e. the distribution the learner computes. With
+  top_p < 1 or top_k > 0 vLLM's values are after that filtering too (renormalised over the kept tokens);
+  training keeps both off, so this never differs from the transformers engine there.
+- `version_start` is `policy_version` when rlvr hands the request to vLLM (conservative: a request still in
+  vLLM's waiting queue during an update is prefilled on the new weights yet stamped with the old version);
+  `version_end` is `policy_version` when its final output arrives.
+- Prefix caching never serves KV computed by older weights to a newer request: every request carries
+  `cache_salt = "rlvr-v<version at admission>"` (vLLM hashes the salt into the first block), and with
+  in-flight updates off the prefix cache is also reset after each update (nothing is running then).
+- A weight update is: stop rlvr admission -> `pause_generation(mode="keep")` (in-flight updates: running
+  requests are frozen with their KV and continue on the new weights) or `mode="wait"` (drain running
+  requests first) -> `start_weight_update` -> `update_weights` (one or more chunks) ->
+  `finish_weight_update` -> policy_version = version -> `resume_generation` (unless the engine sleeps:
+  `wake_up` resumes it) -> admit again. A failure mid-update leaves weights partly loaded, so it marks the
+  engine failed: every later call raises `EngineError`.
+- `pause()` stops rlvr admitting queued prompts; requests already handed to vLLM keep running.
+- `score()` uses `prompt_logprobs`, which vLLM takes before temperature (ModelConfig.logprobs_mode docs),
+  so it supports temperature 1 (and greedy, which means temperature 1) only.
+- An exception in the loop's work is stored and re-raised (as `EngineError`) by later calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from rlvr.config import ExperimentConfig
+from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError
+from rlvr.rollout.sampling import validate_request
+from rlvr.types import FinishReason, PromptRequest, Sample
+from rlvr.types import SamplingParams as RlvrSamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
+"""vLLM finish reasons kept as they are; anything else ("abort", "error", "repetition") becomes "abort"."""
+
+
+def import_vllm() -> Any:
+    """Import vllm or fail with the install hint (vllm is the optional `gpu` extra)."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            "the vLLM engine (rollout.backend=vllm) needs vllm==0.26.0: pip install 'rlvr[gpu]'"
+        ) from exc
+    return vllm
+
+
+def cache_salt(version: int) -> str:
+    """The prefix-cache salt of requests admitted under policy `version`."""
+    return f"rlvr-v{version}"
+
+
+@dataclass
+class _Job:
+    uid: int
+    request: PromptRequest
+    done: dict[int, Sample] = field(default_factory=dict)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+class _SchedulerStatsTap:
+    """A vLLM stat logger that only keeps the latest SchedulerStats (running, waiting, KV usage)."""
+
+    def __init__(self, sink: dict[str, float]) -> None:
+        self.sink = sink
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any = None, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        if scheduler_stats is not None:
+            self.sink["vllm_running"] = float(scheduler_stats.num_running_reqs)
+            self.sink["vllm_waiting"] = float(scheduler_stats.num_waiting_reqs)
+            self.sink["kv_usage"] = float(scheduler_stats.kv_cache_usage)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
+
+
+class VLLMEngine:
+    """Generation with vLLM's async engine (continuous batching) behind the rlvr engine protocol."""
+
+    def __init__(
+        self,
+        model_path: str,
+        engine_id: int = 0,
+        *,
+        cfg: ExperimentConfig,
+        initial_version: int = 0,
+        tokenizer_path: str | None = None,
+        weight_transfer_backend: str | None = None,
+        enable_sleep_mode: bool | None = None,
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int | None = None,
+        ignore_eos: bool = False,
+        distributed_executor_backend: str | None = None,
+        startup_timeout_s: float = 900.0,
+        **engine_kwargs: Any,
+    ) -> None:
+        """`weight_transfer_backend`: "nccl" (default) or "ipc" (default when `cfg.cluster.colocate`);
+        `enable_sleep_mode` defaults to `cfg.cluster.colocate`; `ignore_eos` makes every completion run to
+        max_new_tokens (benchmarks and tests: a fixed workload); `engine_kwargs` go to AsyncEngineArgs."""
+        import_vllm()
+        from vllm.config import WeightTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        self.engine_id = engine_id
+        self.cfg = cfg
+        self.inflight_updates = cfg.rollout.inflight_updates
+        self.ignore_eos = ignore_eos
+        colocate = cfg.cluster.colocate
+        self.weight_transfer_backend = weight_transfer_backend or ("ipc" if colocate else "nccl")
+        self.sleep_enabled = colocate if enable_sleep_mode is None else enable_sleep_mode
+        self.max_model_len = max_model_len or _default_max_model_len(model_path, cfg)
+        self._version = initial_version
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[_Job] = deque()  # touched on the loop thread only
+        self._running: dict[int, _Job] = {}  # touched on the loop thread only
+        self._outbox: list[Sample] = []
+        self._waiting: dict[int, list[Sample] | None] = {}
+        self._aborted: set[int] = set()
+        self._uids = itertools.count()
+        self._rids = itertools.count()
+        self._user_paused = False
+        self._updating = False
+        self._asleep = False
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._sched: dict[str, float] = {}
+        self._counters = {"completed_prompts": 0.0, "completed_samples": 0.0, "generated_tokens": 0.0,
+                          "busy_s": 0.0, "num_updates": 0.0}
+        self._num_inflight = 0
+        self._busy_since: float | None = None
+        self._started = time.monotonic()
+        dtype = cfg.model.dtype if cfg.model.dtype not in ("auto",) else "bfloat16"
+        args = AsyncEngineArgs(
+            model=model_path,
+            tokenizer=tokenizer_path or cfg.model.tokenizer_path or model_path,
+            dtype=dtype,
+            seed=cfg.seed + engine_id,
+            gpu_memory_utilization=(gpu_memory_utilization if gpu_memory_utilization is not None
+                                    else cfg.rollout.vllm_gpu_memory_utilization),
+            enforce_eager=cfg.rollout.vllm_enforce_eager,
+            enable_prefix_caching=cfg.rollout.vllm_enable_prefix_caching,
+            tensor_parallel_size=cfg.cluster.engine_tp,
+            max_model_len=self.max_model_len,
+            logprobs_mode="processed_logprobs",
+            weight_transfer_config=WeightTransferConfig(backend=self.weight_transfer_backend),
+            enable_sleep_mode=self.sleep_enabled,
+            trust_remote_code=cfg.model.trust_remote_code,
+            disable_log_stats=True,  # our stat tap still receives scheduler stats (custom loggers enable them)
+            distributed_executor_backend=distributed_executor_backend,
+            **engine_kwargs,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name=f"vllm-engine-{engine_id}", daemon=True)
+        self._thread.start()
+        try:
+            self._llm = self._call(self._start(args), timeout=startup_timeout_s)
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+        logger.info("vLLM engine %d up (model %s, tp %d, backend %s, sleep mode %s)", engine_id, model_path,
+                    cfg.cluster.engine_tp, self.weight_transfer_backend, self.sleep_enabled)
+
+    # ------------------------------------------------------------------ protocol
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def submit(self, requests: list[PromptRequest]) -> None:
+        """Enqueue prompts (non-blocking); admitted to vLLM unless paused or updating."""
+        self._enqueue(requests, wait=False)
+
+    def poll(self) -> list[Sample]:
+        """Samples of prompts completed since the last poll, whole groups in sample_index order."""
+        with self._lock:
+            self._raise_if_failed()
+            out, self._outbox = self._outbox, []
+        return out
+
+    def pause(self) -> None:
+        """Stop admitting queued prompts; requests already in vLLM keep running."""
+        self._user_paused = True
+
+    def resume(self) -> None:
+        self._user_paused = False
+        self._loop.call_soon_threadsafe(self._pump)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """In-process tensors -> engine. Only the `ipc` backend can take tensors from this process (CUDA
+        IPC handles to copies on this process's current GPU); with `nccl` use `receive_weights_nccl`."""
+        if self.weight_transfer_backend != "ipc":
+            raise NotImplementedError("VLLMEngine.load_weights needs weight_transfer_backend='ipc'; with NCCL the "
+                                      "learner sends through rlvr.weight_sync.nccl and the engine calls "
+                                      "receive_weights_nccl")
+        from rlvr.weight_sync.ipc import ipc_update_infos
+
+        tensors = [(n, t.detach().to("cuda").contiguous()) for n, t in named_tensors]  # kept alive until loaded
+        self.begin_weight_update()
+        try:
+            for info in ipc_update_infos(tensors):
+                self.update_weights_chunk(info)
+        finally:
+            self.finish_weight_update(version)
+        del tensors
+
+    def score(self, prompt_token_ids: list[int], completion_token_ids: list[int],
+              temperature: float = 1.0) -> list[float]:
+        """Teacher-forced log-probs of the completion tokens under the current weights (temperature 1 only)."""
+        if not completion_token_ids:
+            return []
+        if not prompt_token_ids:
+            raise ValueError("score() needs a non-empty prompt")
+        if temperature >= GREEDY_TEMPERATURE_EPS and abs(temperature - 1.0) > 1e-6:
+            raise ValueError(f"VLLMEngine.score supports temperature 1.0 only (got {temperature}): vLLM's "
+                             "prompt_logprobs are taken before temperature scaling")
+        ids = list(prompt_token_ids) + list(completion_token_ids)
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"score(): {len(ids)} tokens exceed max_model_len {self.max_model_len}")
+        self._raise_if_failed()
+        return self._call(self._score(ids, len(prompt_token_ids)))
+
+    def generate(self, requests: list[PromptRequest], timeout_s: float = 600) -> list[Sample]:
+        """Submit and wait for exactly these prompts; samples in request order, then sample_index order."""
+        uids = self._enqueue(requests, wait=True)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            try:
+                while not all(self._waiting.get(u) is not None or u in self._aborted for u in uids):
+                    self._raise_if_failed()
+                    if self._stopped:
+                        raise EngineError(f"engine {self.engine_id} shut down while generating")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TimeoutError(f"engine {self.engine_id}: generate() timed out after {timeout_s}s")
+                    self._cond.wait(min(remaining, 1.0))
+            finally:
+                results = [self._waiting.pop(u, None) for u in uids]
+                aborted = [r.prompt_id for r, u in zip(requests, uids, strict=True) if u in self._aborted]
+                self._aborted.difference_update(uids)
+        if aborted:
+            raise EngineError(f"engine {self.engine_id}: generate() prompts were aborted: {aborted}")
+        return [s for group in results for s in group or []]
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges; running/waiting/kv_usage are vLLM's scheduler figures (latest step)."""
+        with self._lock:
+            self._raise_if_failed()
+            busy = self._counters["busy_s"] + (time.monotonic() - self._busy_since if self._busy_since else 0.0)
+            queued_prompts = len(self._queue)
+            return {
+                "running": self._sched.get("vllm_running", float(self._num_inflight)),
+                "queued": self._sched.get("vllm_waiting", 0.0) + sum(j.request.num_samples for j in self._queue),
+                "queued_prompts": float(queued_prompts),
+                "inflight_samples": float(self._num_inflight),
+                "kv_usage": self._sched.get("kv_usage", 0.0),
+                **self._counters,
+                "tokens_per_s": self._counters["generated_tokens"] / busy if busy > 0 else 0.0,
+                "uptime_s": time.monotonic() - self._started,
+                "policy_version": float(self._version),
+                "paused": float(self._user_paused or self._updating),
+                "asleep": float(self._asleep),
+            }
+
+    def abort_all(self) -> list[str]:
+        """Drop queued and running prompts (partial samples discarded); return their prompt ids."""
+        if self._stopped:
+            return []
+        return self._call(self._abort_all())
+
+    def shutdown(self) -> None:
+        """Abort everything, stop vLLM (its engine-core processes) and the loop thread; idempotent."""
+        if self._stopped:
+            return
+        try:
+            if self._thread.is_alive():
+                self._call(self._abort_all(), timeout=120)
+        except Exception:  # shutting down: the engine may already be broken; log and carry on
+            logger.exception("engine %d: abort during shutdown failed", self.engine_id)
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        llm = getattr(self, "_llm", None)
+        if llm is not None:
+            llm.shutdown()
+            self._llm = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=60)
+
+    # ------------------------------------------------------------------ weight sync (engine side)
+    def init_weight_transfer(self, master_addr: str = "", master_port: int = 0, rank_offset: int = 1,
+                             world_size: int = 2, timeout_s: float = 600.0) -> None:
+        """Join the trainer's weight-transfer group. NCCL: blocks until every member joined, so call it
+        concurrently with `NcclWeightSender(...)` on learner rank 0; this engine's TP workers take ranks
+        rank_offset .. rank_offset + engine_tp - 1 (rank_offset = 1 + engine_index * engine_tp). IPC: no-op."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        info: dict[str, Any] = {}
+        if self.weight_transfer_backend != "ipc":
+            info = {"master_address": master_addr, "master_port": int(master_port),
+                    "rank_offset": int(rank_offset), "world_size": int(world_size)}
+        self._call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
+                   timeout=timeout_s)
+
+    def begin_weight_update(self) -> float:
+        """Stop admission, pause vLLM (keep or drain), start the update session; returns seconds taken."""
+        self._raise_if_failed()
+        return self._call(self._begin_update())
+
+    def update_weights_chunk(self, update_info: dict[str, Any]) -> None:
+        """Load one chunk (backend-specific `update_info`: names, dtype_names, shapes, packed, ...)."""
+        self._call(self._guard(self._update_chunk(update_info)))
+
+    def finish_weight_update(self, version: int) -> dict[str, float]:
+        """Finish the session, set policy_version = version, resume; returns seconds taken."""
+        return self._call(self._finish_update(version))
+
+    def receive_weights_nccl(self, metadata: dict[str, Any], version: int, *, packed: bool = True,
+                             timeout_s: float | None = None) -> dict[str, float]:
+        """One whole NCCL update: run it concurrently with `NcclWeightSender.send` on learner rank 0.
+
+        `metadata` = {"names", "dtype_names", "shapes"} in the sender's order (`rlvr.weight_sync.nccl.
+        weight_metadata`), plus optional packed_buffer_size_bytes / packed_num_buffers equal to the sender's.
+        """
+        info = {**metadata, "packed": packed}
+        return self._call(self._nccl_update(info, version), timeout=timeout_s)
+
+    # ------------------------------------------------------------------ colocated mode
+    def sleep(self, level: int = 1) -> None:
+        """Free GPU memory (level 1: weights to CPU, KV dropped; level 2: both dropped, buffers kept).
+        Requests in flight are frozen and recomputed after `wake_up`."""
+        if not self.sleep_enabled:
+            raise ValueError("sleep() needs enable_sleep_mode (on by default with cluster.colocate)")
+        self._asleep = True
+        self._call(self._llm.sleep(level, mode="keep"))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore memory: tags None = everything; ["weights"] first (to receive an update) then
+        ["kv_cache"] keeps peak memory low. Scheduling resumes once everything is resident."""
+        self._call(self._llm.wake_up(tags))
+        if tags is None or "kv_cache" in tags:
+            self._asleep = bool(self._call(self._llm.is_sleeping()))
+        self._loop.call_soon_threadsafe(self._pump)
+
+    # ------------------------------------------------------------------ loop thread
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("VLLMEngine methods must not be called from its own loop thread")
+        if not self._thread.is_alive():
+            coro.close()
+            raise EngineError(f"engine {self.engine_id} is shut down")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _start(self, args: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        tap = _SchedulerStatsTap(self._sched)
+        return AsyncLLM.from_engine_args(args, stat_loggers=[lambda _vllm_config, _idx: tap])
+
+    async def _guard(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run an update step; a failure marks the engine failed (weights may be partly loaded)."""
+        try:
+            return await coro
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    async def _begin_update(self) -> float:
+        t0 = time.perf_counter()
+        self._updating = True
+        try:
+            await self._llm.pause_generation(mode="keep" if self.inflight_updates else "wait", clear_cache=False)
+            await self._llm.start_weight_update()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        return time.perf_counter() - t0
+
+    async def _update_chunk(self, update_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+    async def _finish_update(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        try:
+            await self._llm.finish_weight_update()
+            self._version = version
+            if not self.inflight_updates and self.cfg.rollout.vllm_enable_prefix_caching and not self._asleep:
+                await self._llm.reset_prefix_cache()  # drained: nothing holds blocks; the salt also isolates them
+            if not self._asleep:
+                await self._llm.resume_generation()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self._updating = False
+            self._counters["num_updates"] += 1
+            self._pump()
+        logger.info("engine %d: policy version %d", self.engine_id, version)
+        return {"sync/finish_s": time.perf_counter() - t0}
+
+    async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        pause_s = await self._begin_update()
+        t1 = time.perf_counter()
+        await self._guard(self._update_chunk(info))
+        t2 = time.perf_counter()
+        out = await self._finish_update(version)
+        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **out,
+                "sync/engine_total_s": time.perf_counter() - t0}
+
+    def _fail(self, exc: BaseException) -> None:
+        logger.error("engine %d failed: %r", self.engine_id, exc)
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
+
+    def _enqueue(self, requests: list[PromptRequest], wait: bool) -> list[int]:
+        for req in requests:
+            validate_request(req, self.max_model_len)
+        with self._cond:
+            self._raise_if_failed()
+            if self._stopped:
+                raise EngineError(f"engine {self.engine_id} is shut down")
+            uids = [next(self._uids) for _ in requests]
+            if wait:
+                self._waiting.update({u: None for u in uids})
+        jobs = [_Job(u, r) for u, r in zip(uids, requests, strict=True)]
+        self._loop.call_soon_threadsafe(self._admit, jobs)
+        return uids
+
+    def _admit(self, jobs: list[_Job]) -> None:
+        self._queue.extend(jobs)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand queued prompts to vLLM while admission is open (loop thread)."""
+        while self._queue and not (self._user_paused or self._updating or self._stopped or self._error):
+            job = self._queue.popleft()
+            self._running[job.uid] = job
+            version = self._version
+            for j in range(job.request.num_samples):
+                job.tasks.append(self._loop.create_task(self._run_sample(job, j, version)))
+
+    def _vllm_params(self, s: RlvrSamplingParams, sample_index: int, **overrides: Any) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        greedy = s.temperature < GREEDY_TEMPERATURE_EPS
+        kwargs: dict[str, Any] = dict(
+            n=1, temperature=0.0 if greedy else float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
+            max_tokens=int(s.max_new_tokens), stop=list(s.stop_strings) or None,
+            stop_token_ids=list(s.stop_token_ids) or None, include_stop_str_in_output=True,
+            seed=None if s.seed is None else int(s.seed) + sample_index, logprobs=0, ignore_eos=self.ignore_eos,
+            skip_special_tokens=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        kwargs.update(overrides)
+        return SamplingParams(**kwargs)
+
+    def _busy(self, delta: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if self._num_inflight == 0 and delta > 0:
+                self._busy_since = now
+            self._num_inflight += delta
+            if self._num_inflight == 0 and self._busy_since is not None:
+                self._counters["busy_s"] += now - self._busy_since
+                self._busy_since = None
+
+    async def _run_sample(self, job: _Job, j: int, version_start: int) -> None:
+        req = job.request
+        prompt = {"prompt_token_ids": list(req.prompt_token_ids), "cache_salt": cache_salt(version_start)}
+        rid = f"rlvr-e{self.engine_id}-{job.uid}-{j}-{next(self._rids)}"
+        self._busy(+1)
+        final = None
+        try:
+            async for out in self._llm.generate(prompt, self._vllm_params(req.sampling, j), rid):
+                final = out
+            if final is None or not final.outputs:
+                raise EngineError(f"vLLM returned no output for request {rid}")
+            sample = self._to_sample(job, j, final.outputs[0], version_start)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the loop's boundary: stored and re-raised to every caller
+            logger.exception("engine %d: request %s failed", self.engine_id, rid)
+            self._fail(exc)
+            return
+        finally:
+            self._busy(-1)
+        self._file(job, sample)
+
+    def _to_sample(self, job: _Job, j: int, comp: Any, version_start: int) -> Sample:
+        req = job.request
+        token_ids = [int(t) for t in comp.token_ids]
+        if comp.logprobs is None or len(comp.logprobs) != len(token_ids):
+            raise EngineError(f"vLLM returned {0 if comp.logprobs is None else len(comp.logprobs)} log-probs for "
+                              f"{len(token_ids)} tokens")
+        logprobs = [float(pos[t].logprob) for pos, t in zip(comp.logprobs, token_ids, strict=True)]
+        return Sample(
+            prompt_id=req.prompt_id, sample_index=j, prompt_token_ids=list(req.prompt_token_ids),
+            completion_token_ids=token_ids, completion_text=comp.text or "", logprobs=logprobs,
+            finish_reason=_FINISH_REASONS.get(comp.finish_reason, "abort"), version_start=version_start,
+            version_end=self._version, engine_id=self.engine_id, metadata=req.metadata, is_eval=req.is_eval,
+            prompt_text=req.prompt_text)
+
+    def _file(self, job: _Job, sample: Sample) -> None:
+        job.done[sample.sample_index] = sample
+        with self._cond:
+            self._counters["completed_samples"] += 1
+            self._counters["generated_tokens"] += len(sample.completion_token_ids)
+            if len(job.done) < job.request.num_samples:
+                return
+            self._running.pop(job.uid, None)
+            group = [job.done[i] for i in range(job.request.num_samples)]
+            if job.uid in self._waiting:
+                self._waiting[job.uid] = group
+            else:
+                self._outbox.extend(group)
+            self._counters["completed_prompts"] += 1
+            self._cond.notify_all()
+
+    async def _abort_all(self) -> list[str]:
+        jobs = list(self._running.values()) + list(self._queue)
+        self._queue.clear()
+        self._running.clear()
+        tasks = [t for job in jobs for t in job.tasks if not t.done()]
+        for t in tasks:
+            t.cancel()  # AsyncLLM.generate aborts the vLLM request when its consumer is cancelled
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        with self._cond:
+            self._aborted.update(job.uid for job in jobs if job.uid in self._waiting)
+            self._cond.notify_all()
+        return [job.request.prompt_id for job in jobs]
+
+    async def _score(self, ids: list[int], prompt_len: int) -> list[float]:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        prompt = {"prompt_token_ids": ids, "cache_salt": cache_salt(self._version)}
+        final = None
+        async for out in self._llm.generate(prompt, params, f"rlvr-score-e{self.engine_id}-{next(self._rids)}"):
+            final = out
+        if final is None or final.prompt_logprobs is None:
+            raise EngineError("vLLM returned no prompt log-probs")
+        plp = final.prompt_logprobs
+        return [float(plp[i][ids[i]].logprob) for i in range(prompt_len, len(ids))]
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise EngineError(f"engine {self.engine_id} failed: {self._error!r}") from self._error
+
+
+def _default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None:
+    """max prompt + max new tokens, capped by the model's positions (smaller KV reservations per sequence)."""
+    wanted = cfg.data.max_prompt_tokens + cfg.generation.max_new_tokens
+    try:
+        from transformers import AutoConfig
+
+        limit = getattr(AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
+                        "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None
+    return min(wanted, limit) if limit else wanted
