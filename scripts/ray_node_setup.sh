@@ -171,15 +171,62 @@ port_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
 
 RAY_PID=""
 CMD_PID=""
+TREE=""
+
+# "pid:starttime" of every descendant of $1, read from /proc (no ps needed; nothing is matched by name).
+proc_tree() {
+    local root="$1" stat line pid p c
+    local -A kids=() started=()
+    for stat in /proc/[0-9]*/stat; do
+        { read -r line < "$stat"; } 2>/dev/null || continue
+        pid=${stat#/proc/}; pid=${pid%/stat}
+        # shellcheck disable=SC2086  # fields after "pid (comm) ": state ppid ... starttime is the 20th
+        set -- ${line##*) }
+        kids[$2]+=" $pid"; started[$pid]=${20}
+    done
+    local queue=("$root")
+    while ((${#queue[@]})); do
+        p=${queue[0]}; queue=("${queue[@]:1}")
+        for c in ${kids[$p]:-}; do echo "$c:${started[$c]}"; queue+=("$c"); done
+    done
+}
+
+# Remember the processes of the local Ray node: Ray's agents are children of the raylet, and when the
+# raylet goes down without its GCS they can outlive `ray start --block`; they are reaped by PID.
+remember_tree() { [[ -n "$RAY_PID" ]] && TREE="$TREE $(proc_tree "$RAY_PID" | tr '\n' ' ')"; return 0; }
+
+# Signal $1 to each remembered process still alive with the same start time (no PID reuse accidents).
+signal_tree() {
+    local sig="$1" entry pid line alive=0
+    for entry in $(tr ' ' '\n' <<<"$TREE" | sort -u); do
+        pid=${entry%%:*}
+        { read -r line < "/proc/$pid/stat"; } 2>/dev/null || continue
+        # shellcheck disable=SC2086
+        set -- ${line##*) }
+        [[ "${20}" == "${entry##*:}" && "$1" != Z ]] || continue
+        alive=1
+        [[ -n "$sig" ]] && kill "-$sig" "$pid" 2>/dev/null || true
+    done
+    return $((1 - alive))
+}
+
 stop_ray() {
     if [[ -n "$RAY_PID" ]] && kill -0 "$RAY_PID" 2>/dev/null; then
         log "stopping the local Ray node (pid $RAY_PID)"
+        remember_tree
         kill -TERM "$RAY_PID" 2>/dev/null || true
         for _ in $(seq 1 30); do kill -0 "$RAY_PID" 2>/dev/null || break; sleep 1; done
         kill -0 "$RAY_PID" 2>/dev/null && kill -KILL "$RAY_PID" 2>/dev/null || true
         wait "$RAY_PID" 2>/dev/null || true
     fi
     RAY_PID=""
+    if [[ -n "${TREE// /}" ]] && signal_tree ""; then
+        log "reaping Ray processes left by the node"
+        signal_tree TERM || true
+        for _ in $(seq 1 10); do signal_tree "" || break; sleep 1; done
+        signal_tree KILL || true
+    fi
+    TREE=""
 }
 on_signal() {
     log "received $1"
@@ -240,6 +287,7 @@ if [[ "$ROLE" == head ]]; then
         sleep 2
     done
     log "cluster up: $NUM_NODES node(s)"
+    remember_tree
     if [[ ${#CMD[@]} -eq 0 ]]; then
         log "no command given: serving the head until a signal arrives"
         wait "$RAY_PID" || true
@@ -261,6 +309,7 @@ RAY_PID=$!
 lost_since=""
 while kill -0 "$RAY_PID" 2>/dev/null; do
     sleep 2
+    remember_tree
     if port_open "$HEAD_HOST" "$HEAD_PORT"; then lost_since=""; continue; fi
     lost_since="${lost_since:-$SECONDS}"
     if ((SECONDS - lost_since >= HEAD_LOST_S)); then

@@ -2,8 +2,8 @@
 
 The head runs as `ray start --head --block` in a child process with its own free ports and its own temp
 dir, so several clusters can share a machine. `stop()` sends SIGTERM to that one process, which shuts
-down the Ray processes it started (and only those): `ray stop` is never used, because it kills every Ray
-node on the machine.
+down the Ray processes it started, then reaps any of that process tree still running (by PID, recorded
+before the signal): `ray stop` is never used, because it kills every Ray node on the machine.
 """
 
 from __future__ import annotations
@@ -53,6 +53,34 @@ def ray_executable() -> str:
     """The `ray` CLI of this Python environment (falls back to the one on PATH)."""
     candidate = os.path.join(os.path.dirname(sys.executable), "ray")
     return candidate if os.path.exists(candidate) else (shutil.which("ray") or "ray")
+
+
+def _descendants(pid: int) -> list:
+    """psutil handles of every process under pid (Ray's agents are grandchildren, under the raylet)."""
+    import psutil  # a Ray dependency
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _reap(procs: list, grace_s: float = 10.0) -> None:
+    """Terminate, then kill, those of procs still running (psutil checks PID reuse by start time)."""
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(alive, timeout=grace_s)
+    for p in still:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 @dataclass
@@ -113,12 +141,14 @@ class LocalRayHead:
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM the `ray start --block` process (it stops its own children), SIGKILL after timeout_s."""
         if self.proc is not None and self.proc.poll() is None:
+            tree = _descendants(self.proc.pid)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+            _reap(tree)
         if self._own_temp_dir and self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
