@@ -239,6 +239,8 @@ class LearnerConfig:
     """Packed rows per micro-batch (forward/backward pass)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing log-probs (never materialise full fp32 logits of a row)."""
+    max_consecutive_skips: int = 5
+    """Stop the run after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
     attention: Literal["auto", "varlen", "mask"] = "auto"
     """Packed attention: `varlen` (position-id restarts / flash-attn varlen), `mask` (block-diagonal)."""
 
@@ -269,6 +271,12 @@ class ClusterConfig:
     """Ray actors each holding a verifier pool."""
     actor_timeout_s: float = 300.0
     """Seconds any single actor call may take before the run fails loudly."""
+    heartbeat_timeout_s: float = 120.0
+    """An engine with prompts outstanding and no generated token for this long is declared stuck."""
+    max_engine_restarts: int = 3
+    """Engines that die or hang are replaced (re-synced, their prompts re-queued) up to this many times."""
+    max_restarts: int = 2
+    """A learner failure restarts the whole run from the last complete checkpoint up to this many times."""
 
 
 @dataclass
@@ -305,6 +313,8 @@ class CheckpointConfig:
     """`auto` (newest complete checkpoint of this run, if any), a checkpoint path, or `never`."""
     save_final: bool = True
     """Save a checkpoint when training ends."""
+    min_free_gb: float = 1.0
+    """Refuse to start when the output directory's disk has less free space than this (GB)."""
 
 
 @dataclass

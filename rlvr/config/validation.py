@@ -93,6 +93,11 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _require(cfg.data.max_prompt_tokens >= 1, "--data.max-prompt-tokens must be >= 1")
     _require(cfg.eval.num_samples >= 1, "--eval.num-samples must be >= 1")
     _require(cfg.checkpoint.keep_last >= 1, "--checkpoint.keep-last must be >= 1")
+    _require(c.max_restarts >= 0 and c.max_engine_restarts >= 0, "--cluster.max-restarts and "
+             "--cluster.max-engine-restarts must be >= 0")
+    _require(c.heartbeat_timeout_s > 0 and c.actor_timeout_s > 0, "--cluster.heartbeat-timeout-s and "
+             "--cluster.actor-timeout-s must be > 0")
+    _require(lr.max_consecutive_skips >= 1, "--learner.max-consecutive-skips must be >= 1")
     _require(cfg.rewards.num_workers >= 1 and cfg.rewards.timeout_s > 0,
              "--rewards.num-workers must be >= 1 and --rewards.timeout-s > 0")
     return cfg

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlvr import faults
 from rlvr.algorithms.correction import CorrectionConfig, importance_weights
 from rlvr.algorithms.losses import LossConfig, policy_loss
 from rlvr.config import ExperimentConfig
@@ -119,6 +120,8 @@ class LearnerWorker:
                         loss = loss + 0.0 * sum(p.sum() for p in self.model.parameters() if p.requires_grad)
                     else:
                         loss = loss + 0.0 * lp.sum()
+                    if faults.due("nan_loss", self.version + 1):
+                        loss = loss * float("nan")  # fault injection (tests of the numerical guard)
                     if not torch.isfinite(loss):
                         finite = False
                         break

@@ -20,7 +20,9 @@ from rlvr.algorithms.filtering import filter_groups
 from rlvr.algorithms.packing import PackInput, build_packed_batches
 from rlvr.algorithms.shaping import ShapingConfig, shape_group
 from rlvr.config import ExperimentConfig
+from rlvr import faults
 from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.health import EngineFailure, EngineWatch, LearnerFailure, StopRequested, describe
 from rlvr.orchestration.checkpoint import RunDir
 from rlvr.orchestration.rollouts import RolloutFeeder, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
@@ -52,6 +54,11 @@ class Trainer:
         self.adv_cfg = AdvantageConfig(cfg.algorithm.advantage_scale, cfg.algorithm.advantage_std,
                                        cfg.algorithm.advantage_eps)
         a = cfg.algorithm
+        self.failures: list[dict[str, Any]] = []
+        self.signals: Any = None  # StopSignals of the process, set by run.train
+        self.stopped = False
+        self.engine_restarts = 0
+        self.watch = EngineWatch(len(actors.engines), cfg.cluster.heartbeat_timeout_s)
         self.shaping = ShapingConfig(cfg.generation.max_new_tokens, a.overlong_buffer, a.overlong_penalty,
                                      a.non_stop_penalty, a.mask_truncated)
 
@@ -61,17 +68,69 @@ class Trainer:
         items = [(s.completion_text, s.metadata, s.completion_token_ids) for g in groups for s in g.samples]
         if not items:
             return 0.0
-        verifiers = self.actors.verifiers
-        chunks = [items[i::len(verifiers)] for i in range(len(verifiers))]
-        outs = ray.get([v.score.remote(c, self.timeout) for v, c in zip(verifiers, chunks)], timeout=self.timeout)
+        outs = self._score_items(items)
         results = [None] * len(items)
         for i, out in enumerate(outs):
-            results[i::len(verifiers)] = out
+            results[i::len(outs)] = out
         k = 0
         for g in groups:
             g.rewards = results[k:k + g.num_samples]
             k += g.num_samples
         return time.perf_counter() - t0
+
+    def _score_items(self, items: list) -> list:
+        """Score on the verifier actors; a dead verifier actor is replaced once and the batch re-scored."""
+        for attempt in (1, 2):
+            verifiers = self.actors.verifiers
+            chunks = [items[i::len(verifiers)] for i in range(len(verifiers))]
+            try:
+                return ray.get([v.score.remote(c, self.timeout) for v, c in zip(verifiers, chunks)],
+                               timeout=self.timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                if attempt == 2:
+                    raise
+                logger.error("verifier actor failed (%s): replacing it", describe(e))
+                for v in verifiers:
+                    ray.kill(v)
+                self.actors.verifiers = self.actors.factory.verifiers()
+        raise AssertionError("unreachable")
+
+    def _health(self) -> None:
+        """Between polls: stop signals, and engines with work but no progress (stuck)."""
+        if self.signals is not None and self.signals.requested:
+            raise StopRequested(self.signals.requested)
+        load = self.feeder.outstanding_per_engine()
+        refs = [e.stats.remote() for e in self.actors.engines]
+        for i, ref in enumerate(refs):
+            try:
+                stats = ray.get(ref, timeout=self.cfg.cluster.heartbeat_timeout_s)
+            except ray.exceptions.GetTimeoutError as e:
+                raise EngineFailure(i, f"no heartbeat within {self.cfg.cluster.heartbeat_timeout_s:g}s") from e
+            except ray.exceptions.RayActorError as e:
+                raise EngineFailure(i, f"died: {describe(e)}") from e
+            reason = self.watch.update(i, float(stats.get("generated_tokens", 0.0)), load[i])
+            if reason:
+                raise EngineFailure(i, reason)
+
+    def _replace_engine(self, failure: EngineFailure) -> None:
+        """Kill, re-create, re-sync to the current weights, and re-queue the engine's prompts."""
+        i = failure.index
+        self.engine_restarts += 1
+        if self.engine_restarts > self.cfg.cluster.max_engine_restarts:
+            raise RuntimeError(f"{failure}; --cluster.max-engine-restarts {self.cfg.cluster.max_engine_restarts} "
+                               "used up") from failure
+        logger.error("%s: replacing it (restart %d of %d)", failure, self.engine_restarts,
+                     self.cfg.cluster.max_engine_restarts)
+        ray.kill(self.actors.engines[i])
+        requeued = self.feeder.requeue_from(i)
+        self.actors.engines[i] = self.actors.factory.engine(i, version=self.step)
+        self.feeder.engines = self.actors.engines
+        self.watch.reset(i)
+        self.actors.factory.connect_weight_sync(self.actors)
+        self.sync_weights(self.step)
+        self.failures.append({"step": self.step, "actor": f"engine {i}", "reason": failure.reason,
+                              "requeued_prompts": len(requeued)})
+        logger.info("engine %d replaced at version %d; %d prompts re-queued", i, self.step, len(requeued))
 
     def _collect(self) -> tuple[list[Group], dict[str, float]]:
         """Resolve prompts until the step has B informative groups (active sampling) or B resolved prompts."""
@@ -85,14 +144,22 @@ class Trainer:
         t0 = time.perf_counter()
         all_groups: list[Group] = []
         while (len(kept) < B) if r.active_sampling else (resolved < B):
-            pulls += self.feeder.top_up(max(0, max_pulls - pulls))
+            try:
+                pulls += self.feeder.top_up(max(0, max_pulls - pulls))
+            except EngineFailure as e:
+                self._replace_engine(e)
+                continue
             if not self.pending and not self.feeder.outstanding:
                 if self.feeder.exhausted or pulls >= max_pulls:
                     break
             groups, self.pending = self.pending, []
             if not groups:
                 t_wait = time.perf_counter()
-                groups = self.feeder.wait_groups(1, deadline)
+                try:
+                    groups = self.feeder.wait_groups(1, deadline, on_idle=self._health)
+                except EngineFailure as e:
+                    self._replace_engine(e)
+                    continue
                 m["time/wait_generation"] += time.perf_counter() - t_wait
                 m["time/reward"] += self._score(groups)
             groups.sort(key=lambda g: min(s.version_start for s in g.samples))  # oldest first: fewer stale drops
@@ -147,21 +214,42 @@ class Trainer:
 
     def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
         t0 = time.perf_counter()
-        outs = ray.get([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
-                       timeout=self.timeout)
+        if faults.due("kill_learner", self.step + 1):
+            ray.kill(self.actors.learners[0])
+        outs = self._learner_call([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
+                                  "train_batch")
         t1 = time.perf_counter()
         self.step += 1
-        sync = self.sync_weights(self.step)
+        try:
+            sync = self.sync_weights(self.step)
+        except EngineFailure as e:  # the group is broken for everyone: rebuilt with the replacement
+            self._replace_engine(e)
+            sync = {}
         out = dict(outs[0])
         out.update(sync)
         out["time/train"] = t1 - t0
         out["time/sync"] = time.perf_counter() - t1
         return out
 
+    def _learner_call(self, refs: list, what: str) -> list:
+        try:
+            return ray.get(refs, timeout=self.timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            raise LearnerFailure(0, f"{what} did not finish within --cluster.actor-timeout-s {self.timeout:g}") from e
+        except ray.exceptions.RayActorError as e:
+            index = next((i for i, r in enumerate(refs) if _failed(r)), 0)
+            raise LearnerFailure(index, f"died during {what}: {describe(e)}") from e
+
     def sync_weights(self, version: int) -> dict[str, float]:
         refs = [lrn.send_weights.remote() for lrn in self.actors.learners]
         recv = [e.receive_weights.remote(version) for e in self.actors.engines]
-        sent = ray.get(refs, timeout=self.timeout)[0]
+        for i, ref in enumerate(recv):
+            try:
+                ray.get(ref, timeout=self.timeout)
+            except ray.exceptions.RayActorError as err:
+                ray.cancel(refs[0], force=False)
+                raise EngineFailure(i, f"died during weight sync: {describe(err)}") from err
+        sent = self._learner_call(refs, "send_weights")[0]
         got = ray.get(recv, timeout=self.timeout)
         out = dict(sent)
         out["sync/engine_load_s_max"] = max(g["sync/load_s"] for g in got)
@@ -198,8 +286,10 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         tmp = self.run_dir.tmp_checkpoint(self.step)
         state = tmp / "trainer_state"
-        ray.get([lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners],
-                timeout=self.timeout)
+        self._learner_call([lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners],
+                           "save")
+        if faults.due("slow_checkpoint", self.step):
+            time.sleep(5.0)  # fault injection: a signal or kill lands in the middle of the write
         with open(state / "driver.pkl", "wb") as f:
             pickle.dump({"step": self.step, "ledger": self.ledger.state_dict(),
                          "feeder": self.feeder.state_dict(self.ledger.in_flight)}, f)
@@ -240,10 +330,29 @@ class Trainer:
             last.update(self.evaluate())
             self.metrics_file.write({"step": 0, "time": time.time(), **last})
         while self.step < self.cfg.num_steps:
-            m = self.train_step()
+            if self.signals is not None and self.signals.requested:
+                return self._stop(last)
+            if faults.due("kill_engine", self.step + 1):
+                ray.kill(self.actors.engines[0])
+            try:
+                m = self.train_step()
+            except StopRequested:
+                return self._stop(last)
             if m is None:
                 break
             last = m
+            if m.get("learner/consecutive_skips", 0) >= self.cfg.learner.max_consecutive_skips:
+                raise RuntimeError(f"{int(m['learner/consecutive_skips'])} optimizer steps in a row were skipped "
+                                   "for a non-finite loss or gradient (--learner.max-consecutive-skips "
+                                   f"{self.cfg.learner.max_consecutive_skips}): lower --learner.lr, check the "
+                                   "rewards and the data")
+        return last
+
+    def _stop(self, last: dict[str, float]) -> dict[str, float]:
+        """A stop signal: checkpoint (prompts in flight are re-queued on resume) and report preemption."""
+        logger.warning("stop requested (%s) at step %d: writing a checkpoint", self.signals.requested, self.step)
+        self.save_checkpoint()
+        self.stopped = True
         return last
 
     def train_step(self) -> dict[str, float] | None:
@@ -271,6 +380,10 @@ class Trainer:
         self.ledger.count_source_drops(**_source_drops(self.feeder.stream))
         self.ledger.check()
         m.update(self.ledger.metrics())
+        for v in ray.get([v.metrics.remote() for v in self.actors.verifiers], timeout=self.timeout):
+            for k, val in v.items():
+                m[k] = m.get(k, 0.0) + val
+        m["health/engine_restarts"] = float(self.engine_restarts)
         wall = time.perf_counter() - t_step
         num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
         num_workers = len(self.actors.learners) + len(self.actors.engines)
@@ -292,3 +405,13 @@ class Trainer:
 def _source_drops(stream: Any) -> dict[str, int]:
     c = getattr(stream, "counters", {}) or {}
     return {"dropped_too_long": int(c.get("dropped_too_long", 0)), "skipped_bad_row": int(c.get("skipped_bad_row", 0))}
+
+
+def _failed(ref: Any) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except Exception:  # noqa: BLE001 - probing which call failed
+        return True

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
 from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.health import EngineFailure, describe
 from rlvr.types import Group, PromptRequest, Sample
 
 
@@ -50,9 +53,7 @@ class RolloutFeeder:
     def top_up(self, max_new: int) -> int:
         """Submit new prompts up to capacity (and at most `max_new`); returns how many were submitted."""
         per_engine: dict[int, list[PromptRequest]] = defaultdict(list)
-        load = [0] * len(self.engines)
-        for idx, _ in self.outstanding.values():
-            load[idx] += 1
+        load = self.outstanding_per_engine()
         n = 0
         while len(self.outstanding) < self.capacity and n < max_new:
             req = self._next_request()
@@ -66,13 +67,23 @@ class RolloutFeeder:
             self._seq += 1
             per_engine[idx].append(req)
             n += 1
-        refs = [self.engines[i].submit.remote(reqs) for i, reqs in per_engine.items()]
-        ray.get(refs, timeout=self.timeout_s)
+        failure: EngineFailure | None = None
+        for i, reqs in per_engine.items():
+            if failure is not None:  # not sent: take them back for the next top-up
+                self.requeue.extend(self.outstanding.pop(r.prompt_id)[1] for r in reqs)
+                continue
+            try:
+                _get(self.engines[i].submit.remote(reqs), i, self.timeout_s)
+            except EngineFailure as e:
+                failure = e
+        if failure is not None:
+            raise failure
         return n
 
     def poll(self) -> list[Group]:
         """Complete groups returned by the engines since the last poll (non-blocking on the engines)."""
-        results = ray.get([e.poll.remote() for e in self.engines], timeout=self.timeout_s)
+        refs = [e.poll.remote() for e in self.engines]
+        results = [_get(ref, i, self.timeout_s) for i, ref in enumerate(refs)]
         by_prompt: dict[str, list[Sample]] = defaultdict(list)
         for samples in results:
             for s in samples:
@@ -85,10 +96,21 @@ class RolloutFeeder:
             groups.append(Group(prompt_id=pid, samples=sorted(samples, key=lambda s: s.sample_index)))
         return groups
 
-    def wait_groups(self, min_groups: int, deadline: float) -> list[Group]:
+    def outstanding_per_engine(self) -> list[int]:
+        load = [0] * len(self.engines)
+        for idx, _ in self.outstanding.values():
+            load[idx] += 1
+        return load
+
+    def wait_groups(self, min_groups: int, deadline: float, on_idle: Callable[[], None] | None = None) -> list[Group]:
+        """Poll until `min_groups` complete groups arrived; `on_idle` runs between polls (health, signals)."""
         groups: list[Group] = []
+        last_check = time.time()
         while len(groups) < min_groups:
             groups += self.poll()
+            if on_idle is not None and time.time() - last_check > 0.5:
+                on_idle()
+                last_check = time.time()
             if len(groups) >= min_groups:
                 break
             if time.time() > deadline:
@@ -120,6 +142,16 @@ class RolloutFeeder:
     def load_state_dict(self, d: dict) -> None:
         self.requeue = list(d["requeue"])
         self.stream.load_state_dict(d["stream"])
+
+
+def _get(ref: Any, engine_index: int, timeout_s: float) -> Any:
+    """ray.get for one engine call: a dead or unresponsive engine becomes an `EngineFailure` naming it."""
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise EngineFailure(engine_index, f"did not answer within {timeout_s:g}s") from e
+    except ray.exceptions.RayActorError as e:
+        raise EngineFailure(engine_index, f"died: {describe(e)}") from e
 
 
 def is_stale(group: Group, learner_version: int, async_steps: int) -> bool:

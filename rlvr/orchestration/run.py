@@ -1,12 +1,15 @@
 """`rlvr train`: prepare inputs (before any actor or GPU is claimed), start Ray and the actors, run, shut down.
 
-Order matters for failing fast: config -> run dir -> model/tokenizer -> every dataset row checked -> only
-then Ray, placement and actors. Ctrl-C stops the loop, shuts every actor down by handle and exits 130.
+Order matters for failing fast: config -> run dir (writable, disk space) -> model/tokenizer -> every dataset
+row checked -> reward names -> only then Ray, placement and actors. A learner failure restarts the run from
+its last complete checkpoint (up to `cluster.max_restarts`); SIGINT/SIGTERM checkpoint and exit with
+`EXIT_PREEMPTED`; every actor is shut down by handle on the way out.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any
 
 from rlvr.config import ExperimentConfig, check_resources, to_yaml
 from rlvr.orchestration.checkpoint import RunDir
+from rlvr.orchestration.health import EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe
 from rlvr.telemetry.logs import get_logger, setup_logging
 
 logger = get_logger(__name__)
@@ -24,6 +28,7 @@ class Actors:
     learners: list = field(default_factory=list)
     engines: list = field(default_factory=list)
     verifiers: list = field(default_factory=list)
+    factory: Any = None
 
     def all(self) -> list:
         return self.learners + self.engines + self.verifiers
@@ -35,8 +40,10 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
         path = Path(cfg.model.path)
         if path.exists() and not (path / "config.json").is_file():
             raise ValueError(f"--model.path {cfg.model.path}: no config.json there (not an HF model directory)")
+        if path.exists() and not os.access(path / "config.json", os.R_OK):
+            raise ValueError(f"--model.path {cfg.model.path}: config.json is not readable")
         return cfg.model.path
-    from rlvr.data import builtin_corpus, build_tiny_model_dir
+    from rlvr.data import build_tiny_model_dir, builtin_corpus
 
     tasks = [d.split(":", 1)[1] for d in cfg.data.datasets + cfg.eval.datasets if d.startswith("builtin:")]
     if not tasks:
@@ -52,6 +59,19 @@ def _known_verifiers(cfg: ExperimentConfig) -> set[str]:
     for path in cfg.rewards.custom:
         import_custom(path)
     return set(known_rewards())
+
+
+def _check_output_dir(cfg: ExperimentConfig, run_dir: RunDir) -> None:
+    probe = run_dir.root / ".write_probe"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: not writable ({e})") from e
+    free_gb = shutil.disk_usage(run_dir.root).free / 1e9
+    if free_gb < cfg.checkpoint.min_free_gb:
+        raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: only {free_gb:.2f} GB free, "
+                         f"--checkpoint.min-free-gb is {cfg.checkpoint.min_free_gb:g}")
 
 
 def _start_ray(cfg: ExperimentConfig) -> bool:
@@ -76,33 +96,67 @@ def _device(cfg: ExperimentConfig) -> str:
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
 
+class ActorFactory:
+    """Creates (and re-creates) the actors of a run with their placement options."""
+
+    def __init__(self, cfg: ExperimentConfig, model_dir: str, device: str) -> None:
+        from rlvr import faults
+
+        self.cfg, self.model_dir, self.device = cfg, model_dir, device
+        c, gpu = cfg.cluster, device.startswith("cuda")
+        env = faults.env_vars()
+        base: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}
+        self.learner_opts = {**base, "num_cpus": c.cpus_per_actor, "num_gpus": 1 if gpu else 0}
+        self.engine_opts = {**base, "num_cpus": c.cpus_per_actor, "num_gpus": c.engine_tp if gpu else 0}
+        if gpu and c.colocate:
+            self.learner_opts["num_gpus"], self.engine_opts["num_gpus"] = 0.5, 0.5
+
+    def learners(self) -> list:
+        import ray
+
+        from rlvr.orchestration.actors import LearnerActor
+
+        c, timeout = self.cfg.cluster, self.cfg.cluster.actor_timeout_s
+        learners = [LearnerActor.options(**self.learner_opts).remote() for _ in range(c.num_learners)]
+        addr, port = ray.get(learners[0].address.remote(), timeout=timeout)  # rank 0 hosts the rendezvous
+        ray.get([a.setup.remote(self.cfg, self.model_dir, r, c.num_learners, addr, port, self.device)
+                 for r, a in enumerate(learners)], timeout=timeout)
+        return learners
+
+    def engine(self, index: int, version: int = 0) -> Any:
+        from rlvr.orchestration.actors import EngineActor
+
+        return EngineActor.options(**self.engine_opts).remote(self.cfg, self.model_dir, index, self.device, version)
+
+    def verifiers(self) -> list:
+        from rlvr.orchestration.actors import VerifierActor
+
+        return [VerifierActor.options(num_cpus=0).remote(self.cfg) for _ in range(self.cfg.cluster.num_verifier_actors)]
+
+    def connect_weight_sync(self, actors: Actors) -> None:
+        """(Re)build the learner rank 0 -> engines group (after any engine was replaced)."""
+        import ray
+
+        timeout = self.cfg.cluster.actor_timeout_s
+        waddr, wport = ray.get(actors.learners[0].address.remote(), timeout=timeout)
+        world = 1 + len(actors.engines)
+        refs = [actors.learners[0].init_weight_sync.remote(waddr, wport, world, timeout)]
+        refs += [e.init_weight_sync.remote(waddr, wport, 1 + i, world, timeout) for i, e in enumerate(actors.engines)]
+        ray.get(refs, timeout=timeout)
+
+
 def create_actors(cfg: ExperimentConfig, model_dir: str, device: str) -> Actors:
     import ray
 
-    from rlvr.orchestration.actors import EngineActor, LearnerActor, VerifierActor
-
-    c, timeout = cfg.cluster, cfg.cluster.actor_timeout_s
     res = ray.cluster_resources()
     check_resources(cfg, res.get("GPU", 0), res.get("CPU", 0))
-    gpu = device.startswith("cuda")
-    lopts: dict[str, Any] = {"num_cpus": c.cpus_per_actor, "num_gpus": 1 if gpu else 0}
-    eopts: dict[str, Any] = {"num_cpus": c.cpus_per_actor, "num_gpus": c.engine_tp if gpu else 0}
-    if gpu and c.colocate:
-        lopts["num_gpus"], eopts["num_gpus"] = 0.5, 0.5
-    actors = Actors()
-    # rank 0's node hosts the data-parallel rendezvous
-    actors.learners = [LearnerActor.options(**lopts).remote() for _ in range(c.num_learners)]
-    addr, port = ray.get(actors.learners[0].address.remote(), timeout=timeout)
-    ray.get([a.setup.remote(cfg, model_dir, r, c.num_learners, addr, port, device)
-             for r, a in enumerate(actors.learners)], timeout=timeout)
-    actors.engines = [EngineActor.options(**eopts).remote(cfg, model_dir, i, device) for i in range(c.num_engines)]
-    actors.verifiers = [VerifierActor.options(num_cpus=0).remote(cfg) for _ in range(c.num_verifier_actors)]
-    ray.get([a.ping.remote() for a in actors.all()], timeout=timeout)
-    waddr, wport = ray.get(actors.learners[0].address.remote(), timeout=timeout)
-    world = 1 + c.num_engines
-    refs = [actors.learners[0].init_weight_sync.remote(waddr, wport, world, timeout)]
-    refs += [e.init_weight_sync.remote(waddr, wport, 1 + i, world, timeout) for i, e in enumerate(actors.engines)]
-    ray.get(refs, timeout=timeout)
+    factory = ActorFactory(cfg, model_dir, device)
+    actors = Actors(factory=factory)
+    actors.learners = factory.learners()
+    actors.engines = [factory.engine(i) for i in range(cfg.cluster.num_engines)]
+    actors.verifiers = factory.verifiers()
+    ray.get([a.ping.remote() for a in actors.all()], timeout=cfg.cluster.actor_timeout_s)
+    factory.connect_weight_sync(actors)
     return actors
 
 
@@ -112,8 +166,8 @@ def shutdown_actors(actors: Actors) -> None:
     refs = [a.shutdown.remote() for a in actors.all()]
     try:
         ray.get(refs, timeout=30)
-    except Exception as e:  # shutting down: report and kill regardless
-        logger.warning("actor shutdown: %s", e)
+    except Exception as e:  # shutting down: report and kill regardless (an actor may already be dead)
+        logger.warning("actor shutdown: %s", describe(e))
     for a in actors.all():
         ray.kill(a)
 
@@ -140,8 +194,9 @@ class Prepared:
 
 
 def prepare(cfg: ExperimentConfig) -> Prepared:
-    """Run dir, config.yaml, model directory, tokenizer, every dataset row checked, eval prompts."""
+    """Run dir (writable, disk space), config.yaml, model directory, tokenizer, every dataset row, eval prompts."""
     run_dir = run_dir_for(cfg)
+    _check_output_dir(cfg, run_dir)
     setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
     run_dir.path("config.yaml").write_text(to_yaml(cfg))
     logger.info("run directory %s", run_dir.root)
@@ -150,7 +205,14 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
 
     from rlvr.data import PromptStream, eval_requests
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_dir)
+    tok_path = cfg.model.tokenizer_path or model_dir
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"tokenizer at {tok_path} could not be loaded: {e}") from e
+    if cfg.data.apply_chat_template and not (tokenizer.chat_template or cfg.model.chat_template):
+        raise ValueError(f"tokenizer at {tok_path} has no chat template: set --model.chat-template or "
+                         "--data.apply-chat-template False")
     known = _known_verifiers(cfg)
     from rlvr.rewards.scorer import RewardScorer
 
@@ -160,40 +222,61 @@ def prepare(cfg: ExperimentConfig) -> Prepared:
     return Prepared(run_dir, model_dir, tokenizer, stream, evals)
 
 
-def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors) -> Any:
-    """A Trainer over created actors, restored from the checkpoint `checkpoint.resume` selects."""
+def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume: str | None = None) -> Any:
+    """A Trainer over created actors, restored from the checkpoint `resume` (default: config) selects."""
     from rlvr.orchestration.driver import Trainer
+    from rlvr.telemetry.metrics import truncate_after_step
 
+    ckpt = prep.run_dir.find_resume(resume or cfg.checkpoint.resume)
+    if ckpt is None:  # a fresh start: records of an earlier attempt of this run name are void
+        for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
+            truncate_after_step(prep.run_dir.path(name), -1)
     trainer = Trainer(cfg, prep.run_dir, actors, prep.stream, prep.eval_requests, prep.model_dir,
                       prep.pad_token_id, wandb=_wandb(cfg, prep.run_dir))
-    ckpt = prep.run_dir.find_resume(cfg.checkpoint.resume)
     if ckpt is not None:
         trainer.restore(ckpt)
     return trainer
 
 
 def train(cfg: ExperimentConfig) -> int:
-    """Run training; returns the exit status (0 ok, 130 interrupted)."""
+    """Run training; returns the exit status (0 ok, EXIT_PREEMPTED after a signal, 130 on KeyboardInterrupt)."""
     prep = prepare(cfg)
     import ray
 
     started = _start_ray(cfg)
-    actors = Actors()
-    trainer = None
+    device = _device(cfg)
+    restarts, resume = 0, cfg.checkpoint.resume
     try:
-        actors = create_actors(cfg, prep.model_dir, _device(cfg))
-        trainer = build_trainer(cfg, prep, actors)
-        final = trainer.run()
-        logger.info("done at step %d: %s", trainer.step,
-                    {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/reward", "reward/total"))})
-        return 0
+        with StopSignals() as signals:
+            while True:
+                actors, trainer = Actors(), None
+                try:
+                    actors = create_actors(cfg, prep.model_dir, device)
+                    trainer = build_trainer(cfg, prep, actors, resume)
+                    trainer.signals = signals
+                    final = trainer.run()
+                    if trainer.stopped:
+                        logger.warning("%s (step %d)", PREEMPTED_MESSAGE, trainer.step)
+                        return EXIT_PREEMPTED
+                    logger.info("done at step %d: %s", trainer.step, {k: round(v, 4) for k, v in final.items()
+                                                                      if k.startswith(("eval/reward", "reward/total"))})
+                    return 0
+                except LearnerFailure as e:
+                    if restarts >= cfg.cluster.max_restarts:
+                        raise RuntimeError(f"{e}; --cluster.max-restarts {cfg.cluster.max_restarts} used up") from e
+                    restarts += 1
+                    logger.error("%s: restarting the run from its last complete checkpoint (%d of %d)",
+                                 e, restarts, cfg.cluster.max_restarts)
+                    resume = "auto"
+                finally:
+                    if trainer is not None:
+                        trainer.close()
+                    shutdown_actors(actors)
+                prep = prepare(cfg)  # a fresh prompt stream; the checkpoint restores its position
     except KeyboardInterrupt:
-        logger.warning("interrupted: shutting down")
+        logger.warning("interrupted: shut down")
         return 130
     finally:
-        if trainer is not None:
-            trainer.close()
-        shutdown_actors(actors)
         if started:
             ray.shutdown()
 

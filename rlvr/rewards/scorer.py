@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -187,6 +188,8 @@ class RewardScorer:
             try:
                 value = entry.spec.fn(completion_text, md, **entry.params)
                 if value is not None:
+                    if isinstance(value, (bool, str)) or not isinstance(value, numbers.Real):
+                        raise TypeError(f"returned {type(value).__name__} {str(value)[:50]!r}, not a number or None")
                     value = float(value)
                     if not math.isfinite(value):
                         raise ValueError(f"returned {value}")
