@@ -28,6 +28,8 @@ Invariants:
 - `score()` uses `prompt_logprobs`, which vLLM takes before temperature (ModelConfig.logprobs_mode docs),
   so it supports temperature 1 (and greedy, which means temperature 1) only.
 - An exception in the loop's work is stored and re-raised (as `EngineError`) by later calls.
+- With the `ipc` backend the constructor sets VLLM_ALLOW_INSECURE_SERIALIZATION=1 (inherited by vLLM's
+  engine-core processes): CUDA IPC handles reach the workers pickled, and vLLM refuses to unpickle without it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -181,6 +184,10 @@ class VLLMEngine:
             distributed_executor_backend=distributed_executor_backend,
             **engine_kwargs,
         )
+        if self.weight_transfer_backend == "ipc":
+            # the engine core's workers unpickle the CUDA IPC handles of our own learner (ipc_handles_pickled;
+            # vLLM refuses without this); set before vLLM spawns them so they inherit it
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"vllm-engine-{engine_id}", daemon=True)
         self._thread.start()
@@ -311,9 +318,9 @@ class VLLMEngine:
             self._stopped = True
             self._cond.notify_all()
         llm = getattr(self, "_llm", None)
-        if llm is not None:
-            llm.shutdown()
-            self._llm = None
+        if llm is not None and self._thread.is_alive():
+            self._call(self._shutdown_llm(llm), timeout=300)  # on the loop: its zmq sockets belong to it
+        self._llm = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=60)
 
@@ -391,6 +398,9 @@ class VLLMEngine:
         tap = _SchedulerStatsTap(self._sched)
         return AsyncLLM.from_engine_args(args, stat_loggers=[lambda _vllm_config, _idx: tap])
 
+    async def _shutdown_llm(self, llm: Any) -> None:
+        llm.shutdown()
+
     async def _guard(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run an update step; a failure marks the engine failed (weights may be partly loaded)."""
         try:
@@ -413,6 +423,16 @@ class VLLMEngine:
     async def _update_chunk(self, update_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
+        handles = update_info.get("ipc_handles")
+        if handles is not None:
+            # CUDA IPC handles hold torch classes and dtypes, which vLLM's msgpack RPC to its engine core
+            # cannot encode: ship them pickled (as vLLM's HTTP client does); the worker unpickles them
+            # because __init__ set VLLM_ALLOW_INSECURE_SERIALIZATION for the ipc backend
+            import base64
+            import pickle
+
+            update_info = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+            update_info["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
         await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
 
     async def _finish_update(self, version: int) -> dict[str, float]:
