@@ -17,6 +17,12 @@ TINY = ["--num-steps", "2", "--rollout.prompts-per-step", "4", "--generation.num
         "--eval.every-n-steps", "0", "--eval.at-step-0", "False", "--logging.console-progress", "False"]
 
 
+@pytest.fixture(autouse=True)
+def _restore_auth_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`launch.main` sets RAY_AUTH_MODE in its process when a token exists; undo that after each test."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+
 def test_cluster_launch_splits_launch_and_train_flags() -> None:
     args, rest = launch._split_argv(["--address", "10.0.0.1:6379", "--config", "configs/gpu-2x.yaml",
                                      "--learner.lr", "2e-6", "--no-wait"])
