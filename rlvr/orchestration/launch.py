@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -117,8 +118,11 @@ def run_job(dashboard_url: str, cfg: ExperimentConfig, job_id: str, wait: bool =
     client = JobSubmissionClient(dashboard_url)
     job_dir = write_job_dir(cfg)
     entrypoint = "rlvr train --config config.yaml"
-    client.submit_job(entrypoint=entrypoint, submission_id=job_id,
-                      runtime_env={"working_dir": job_dir, "env_vars": {"PYTHONUNBUFFERED": "1"}})
+    try:  # submit_job uploads the working_dir before it returns: the local copy is not needed after
+        client.submit_job(entrypoint=entrypoint, submission_id=job_id,
+                          runtime_env={"working_dir": job_dir, "env_vars": {"PYTHONUNBUFFERED": "1"}})
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
     print(f"rlvr launch: submitted job {job_id} to {dashboard_url}: {entrypoint}", file=sys.stderr)
     if not wait:
         print(f"rlvr launch: follow it with `ray job logs -f --address {dashboard_url} {job_id}`",
