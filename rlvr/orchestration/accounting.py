@@ -38,6 +38,13 @@ class PromptLedger:
         if reason:
             self.failure_reasons[prompt_id] = reason
 
+    def reopen(self, prompt_id: str) -> None:
+        """A filtered prompt that is trained after all (zero-advantage fallback) goes back in flight."""
+        if self.state.get(prompt_id) != "filtered":
+            raise AssertionError(f"prompt {prompt_id} reopened from state {self.state.get(prompt_id)!r}")
+        del self.state[prompt_id]
+        self.in_flight.add(prompt_id)
+
     def count_source_drops(self, dropped_too_long: int, skipped_bad_row: int) -> None:
         """Rows the prompt stream dropped before making requests (they never get a prompt_id in flight)."""
         self.extra_pulled["dropped_too_long"] = dropped_too_long

@@ -186,6 +186,8 @@ class Trainer:
                         self._finish(g.prompt_id, "filtered")
                 else:
                     kept.append(g)
+        kept_ids = {id(g) for g in kept}
+        self._last_resolved = [g for g in all_groups if id(g) not in kept_ids]
         m["time/generation"] = time.perf_counter() - t0 - m.get("time/reward", 0.0)
         m["data/real_batch_size_ratio"] = len(kept) / max(resolved, 1)
         m.update(rollout_metrics(all_groups, self.step))
@@ -368,8 +370,14 @@ class Trainer:
                 return None
             logger.warning("step %d: no informative group among the resolved prompts; collecting again", self.step + 1)
         else:
-            raise RuntimeError("20 collection rounds in a row gave no informative group (every group's rewards "
-                               "were equal): check the reward functions, or set --rollout.filter-zero-variance False")
+            # e.g. a solved task (every group all-correct): train on the zero-variance groups, whose advantages
+            # are 0, so that the step and policy version still advance instead of stalling the run
+            logger.warning("20 collection rounds without an informative group (all-correct %d, all-wrong %d): "
+                           "training on zero-advantage groups", m.get("data/groups_all_correct", 0),
+                           m.get("data/groups_all_wrong", 0))
+            groups = self._last_resolved
+            for g in groups:
+                self.ledger.reopen(g.prompt_id)
         groups.sort(key=lambda g: self.feeder.order(g.prompt_id))  # deterministic batch order
         m.update(assign_group_advantages(groups, self.adv_cfg))
         per_rank, pack_m = self._pack(groups)

@@ -1,0 +1,50 @@
+"""Fault injection on CPU (real drivers, real Ray, real verifier processes): every run survives, no data lost.
+
+The scenarios live in bench/faults.py (which prints the suite's report); each test runs one of them.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import faults as fault_bench  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def _check(result: dict) -> None:
+    assert result["survived"], result
+    assert result["data_lost"] == 0, result
+
+
+def test_engine_killed_mid_run(tmp_path, ray_cluster):
+    _check(fault_bench.kill_engine(tmp_path))
+
+
+def test_learner_killed_resumes_from_checkpoint(tmp_path, ray_cluster):
+    _check(fault_bench.kill_learner(tmp_path, async_steps=1))
+
+
+def test_sigterm_during_generation(tmp_path, ray_cluster):
+    result = fault_bench.sigterm(tmp_path, "generation")
+    assert result["exit_on_signal"] == 75
+    _check(result)
+
+
+def test_sigterm_during_checkpoint_write(tmp_path, ray_cluster):
+    result = fault_bench.sigterm(tmp_path, "checkpoint")
+    _check(result)
+
+
+def test_hanging_and_segfaulting_verifiers(tmp_path):
+    result = fault_bench.hostile_verifiers(tmp_path)
+    assert result["timeouts"] > 0 and result["crashes"] > 0
+    _check(result)
+
+
+def test_corrupt_newest_checkpoint_falls_back(tmp_path, ray_cluster):
+    _check(fault_bench.corrupt_checkpoint(tmp_path))
