@@ -48,7 +48,8 @@ class EngineActor(_Base):
         if cfg.rollout.backend == "vllm":
             from rlvr.rollout.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(model_path, engine_id, cfg=cfg, initial_version=initial_version)
+            self.engine = VLLMEngine(model_path, engine_id, cfg=cfg, initial_version=initial_version,
+                                     ignore_eos=bool(os.environ.get("RLVR_IGNORE_EOS")))
         else:
             from rlvr.rollout.hf_engine import TransformersEngine
 
@@ -80,17 +81,43 @@ class EngineActor(_Base):
     def abort_all(self) -> list[str]:
         return self.engine.abort_all()
 
-    def init_weight_sync(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float) -> None:
-        from rlvr.weight_sync.gloo import GlooWeightGroup
+    def init_weight_sync(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float,
+                         transport: str = "gloo") -> None:
+        """Join learner rank 0's group: gloo (CPU), NCCL through vLLM's weight-transfer engine, or IPC."""
+        self.transport = transport
+        if transport == "gloo":
+            from rlvr.weight_sync.gloo import GlooWeightGroup
 
-        self.sync = GlooWeightGroup(addr, port, rank, world_size, timeout_s)
+            self.sync = GlooWeightGroup(addr, port, rank, world_size, timeout_s)
+        else:
+            self.engine.init_weight_transfer(addr, port, rank, world_size, timeout_s)
 
-    def receive_weights(self, version: int) -> dict[str, float]:
+    def receive_weights(self, version: int, info: dict | None = None) -> dict[str, float]:
+        """pause -> receive -> load -> version bump -> resume (the engine's update protocol)."""
         t0 = time.perf_counter()
+        if self.transport == "nccl":
+            self.engine.receive_weights_nccl(info, version)
+            return {"sync/receive_s": time.perf_counter() - t0, "sync/load_s": 0.0}
         named = list(self.sync.receive())
         t1 = time.perf_counter()
         self.engine.load_weights(named, version)
         return {"sync/receive_s": t1 - t0, "sync/load_s": time.perf_counter() - t1}
+
+    # colocated (CUDA IPC) update steps and vLLM sleep/wake
+    def begin_weight_update(self) -> float:
+        return self.engine.begin_weight_update()
+
+    def update_weights_chunk(self, info: dict) -> None:
+        self.engine.update_weights_chunk(info)
+
+    def finish_weight_update(self, version: int) -> dict[str, float]:
+        return self.engine.finish_weight_update(version)
+
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
 
     def shutdown(self) -> None:
         self.engine.shutdown()
@@ -125,16 +152,47 @@ class LearnerActor(_Base):
     def train_batch(self, batches: list) -> dict[str, float]:
         return self.worker.train_batch(batches)
 
-    def init_weight_sync(self, addr: str, port: int, world_size: int, timeout_s: float) -> None:
-        from rlvr.weight_sync.gloo import GlooWeightGroup
+    def weight_metadata(self) -> dict:
+        """Names, dtypes, shapes in send order (every rank iterates: ZeRO-3 gathers are collective)."""
+        from rlvr.weight_sync.nccl import weight_metadata
 
-        self.sync = GlooWeightGroup(addr, port, 0, world_size, timeout_s)
+        return weight_metadata(self.worker.named_weights())
 
-    def send_weights(self) -> dict[str, float]:
-        """Every rank takes part (ZeRO-3 gathers); rank 0 broadcasts."""
+    def init_weight_sync(self, addr: str, port: int, world_size: int, timeout_s: float,
+                         transport: str = "gloo") -> dict | None:
+        """Rank 0 opens the learner -> engines group; returns the engines' update info for NCCL."""
+        self.transport = transport
+        if transport == "gloo":
+            if self.rank == 0:
+                from rlvr.weight_sync.gloo import GlooWeightGroup
+
+                self.sync = GlooWeightGroup(addr, port, 0, world_size, timeout_s)
+            return None
+        if transport == "nccl" and self.rank != 0:
+            self.meta = self.weight_metadata()  # take part in the gathers only
+            return None
+        if transport == "nccl":
+            from rlvr.weight_sync.nccl import NcclWeightSender
+
+            self.meta = self.weight_metadata()
+            self.sync = NcclWeightSender(addr, port, world_size)
+            return self.sync.update_info(self.meta)
+        self.meta = self.weight_metadata()
+        return None
+
+    def send_weights(self, engines: list | None = None, version: int = 0) -> dict[str, float]:
+        """Every rank takes part (ZeRO-3 gathers); rank 0 sends (gloo/NCCL broadcast, or IPC chunks)."""
         named = self.worker.named_weights()
+        if self.transport == "ipc":
+            from rlvr.weight_sync.ipc import IpcWeightSender
+
+            def deliver(info: dict) -> None:
+                ray.get([e.update_weights_chunk.remote(info) for e in engines], timeout=600)
+
+            sender = IpcWeightSender(deliver if self.rank == 0 else (lambda info: None))
+            return sender.send(named, self.meta)
         if self.rank == 0:
-            return self.sync.send(named)
+            return self.sync.send(named, self.meta) if self.transport == "nccl" else self.sync.send(named)
         for _ in named:
             pass
         return {}

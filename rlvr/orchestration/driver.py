@@ -55,6 +55,7 @@ class Trainer:
                                        cfg.algorithm.advantage_eps)
         a = cfg.algorithm
         self.failures: list[dict[str, Any]] = []
+        self.engines_asleep = False
         self.signals: Any = None  # StopSignals of the process, set by run.train
         self.stopped = False
         self.engine_restarts = 0
@@ -216,6 +217,9 @@ class Trainer:
 
     def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
         t0 = time.perf_counter()
+        if self.actors.factory.transport == "ipc":  # colocated: give the learner the GPU memory
+            self._engines("sleep", 1)
+            self.engines_asleep = True
         if faults.due("kill_learner", self.step + 1):
             ray.kill(self.actors.learners[0])
         outs = self._learner_call([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
@@ -242,9 +246,27 @@ class Trainer:
             index = next((i for i, r in enumerate(refs) if _failed(r)), 0)
             raise LearnerFailure(index, f"died during {what}: {describe(e)}") from e
 
+    def _engines(self, method: str, *args: Any) -> list:
+        return ray.get([getattr(e, method).remote(*args) for e in self.actors.engines], timeout=self.timeout)
+
+    def _sync_ipc(self, version: int) -> dict[str, float]:
+        """Colocated: wake the weights, stream CUDA IPC chunks, finish, then bring the KV cache back."""
+        if self.engines_asleep:
+            self._engines("wake_up", ["weights"])
+        self._engines("begin_weight_update")
+        sent = self._learner_call([lrn.send_weights.remote(self.actors.engines, version)
+                                   for lrn in self.actors.learners], "send_weights")[0]
+        self._engines("finish_weight_update", version)
+        if self.engines_asleep:
+            self._engines("wake_up", ["kv_cache"])
+            self.engines_asleep = False
+        return dict(sent)
+
     def sync_weights(self, version: int) -> dict[str, float]:
+        if self.actors.factory.transport == "ipc":
+            return self._sync_ipc(version)
         refs = [lrn.send_weights.remote() for lrn in self.actors.learners]
-        recv = [e.receive_weights.remote(version) for e in self.actors.engines]
+        recv = [e.receive_weights.remote(version, self.actors.factory.sync_info) for e in self.actors.engines]
         for i, ref in enumerate(recv):
             try:
                 ray.get(ref, timeout=self.timeout)

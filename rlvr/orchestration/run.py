@@ -36,6 +36,14 @@ class Actors:
 
 def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
     """The HF directory every actor loads: the user's path, or the built-in tiny model written once."""
+    if cfg.model.path.startswith("builtin:") and cfg.model.path != "builtin:tiny":
+        from rlvr.data import builtin_corpus
+        from rlvr.data.shaped_models import build_shaped_model_dir
+
+        tasks = [d.split(":", 1)[1] for d in cfg.data.datasets if d.startswith("builtin:")] or ["copy"]
+        corpus = [line for t in dict.fromkeys(tasks) for line in builtin_corpus(t)]
+        shape = cfg.model.path.split(":", 1)[1]
+        return str(build_shaped_model_dir(shape, corpus, run_dir.path(f"builtin_{shape}"), cfg.seed))
     if cfg.model.path != "builtin:tiny":
         path = Path(cfg.model.path)
         if path.exists() and not (path / "config.json").is_file():
@@ -103,6 +111,7 @@ class ActorFactory:
         from rlvr import faults
 
         self.cfg, self.model_dir, self.device = cfg, model_dir, device
+        self.sync_info: dict | None = None
         c, gpu = cfg.cluster, device.startswith("cuda")
         env = faults.env_vars()
         base: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}
@@ -133,16 +142,28 @@ class ActorFactory:
 
         return [VerifierActor.options(num_cpus=0).remote(self.cfg) for _ in range(self.cfg.cluster.num_verifier_actors)]
 
+    @property
+    def transport(self) -> str:
+        """gloo on CPU; CUDA IPC when learners and engines share GPUs; else NCCL through vLLM's API."""
+        if not self.device.startswith("cuda") or self.cfg.rollout.backend != "vllm":
+            return "gloo"
+        return "ipc" if self.cfg.cluster.colocate else "nccl"
+
     def connect_weight_sync(self, actors: Actors) -> None:
-        """(Re)build the learner rank 0 -> engines group (after any engine was replaced)."""
+        """(Re)build the learner rank 0 -> engines group (after any engine was replaced).
+
+        Every learner rank takes part in the metadata pass (ZeRO-3 gathers are collective); engine i's
+        ranks start at 1 + i * engine_tp (one per tensor-parallel worker)."""
         import ray
 
-        timeout = self.cfg.cluster.actor_timeout_s
+        timeout, t = self.cfg.cluster.actor_timeout_s, self.transport
+        tp = self.cfg.cluster.engine_tp if t == "nccl" else 1
         waddr, wport = ray.get(actors.learners[0].address.remote(), timeout=timeout)
-        world = 1 + len(actors.engines)
-        refs = [actors.learners[0].init_weight_sync.remote(waddr, wport, world, timeout)]
-        refs += [e.init_weight_sync.remote(waddr, wport, 1 + i, world, timeout) for i, e in enumerate(actors.engines)]
-        ray.get(refs, timeout=timeout)
+        world = 1 + len(actors.engines) * tp
+        refs = [lrn.init_weight_sync.remote(waddr, wport, world, timeout, t) for lrn in actors.learners]
+        refs += [e.init_weight_sync.remote(waddr, wport, 1 + i * tp, world, timeout, t)
+                 for i, e in enumerate(actors.engines)]
+        self.sync_info = ray.get(refs, timeout=timeout)[0]
 
 
 def create_actors(cfg: ExperimentConfig, model_dir: str, device: str) -> Actors:

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# End-to-end GPU runs of `rlvr train` (Qwen2.5-shaped random-weight models, no hub): 1 learner + 1 vLLM engine on
+# two GPUs with async_steps=1, and colocated on one GPU. Needs the gpu-stack bundle unpacked in $SITE.
+#   bash scripts/gpu_e2e.sh [2x|colocate|all] [extra rlvr flags]
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SITE="${SITE:-/tmp/site}"
+OUT="${OUT:-$REPO/gpu-out}"
+WHICH="${1:-all}"; shift || true
+mkdir -p "$OUT"
+cd "$REPO"
+export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_CUMEM_ENABLE=0
+export VLLM_WORKER_MULTIPROC_METHOD=spawn TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
+COMMON=(--model.path builtin:qwen2.5-0.5b --data.datasets builtin:copy4 --data.apply-chat-template False
+        --rollout.filter-zero-variance False --eval.every-n-steps 0 --eval.at-step-0 False
+        --checkpoint.save-final False --checkpoint.output-dir /tmp/rlvr-runs --logging.console-progress False
+        --num-steps 20 --generation.max-new-tokens 512 --learner.pack-length 4096 --learner.lr 1e-6)
+rc=0
+run() {
+  local name=$1; shift
+  echo "== $name: rlvr train $*" | tee -a "$OUT/e2e.log"
+  /usr/bin/time -v python3 -m rlvr.cli train "$@" --logging.run-name "$name" 2>&1 | tail -n 60 >> "$OUT/e2e.log"
+  local code=${PIPESTATUS[0]}
+  echo "== $name exit $code" | tee -a "$OUT/e2e.log"
+  cp "/tmp/rlvr-runs/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null || true
+  [ "$code" = 0 ] || rc=1
+}
+if [ "$WHICH" = 2x ] || [ "$WHICH" = all ]; then
+  run gpu2x --config configs/gpu-2x.yaml "${COMMON[@]}" --rollout.prompts-per-step 32 "$@"
+fi
+if [ "$WHICH" = colocate ] || [ "$WHICH" = all ]; then
+  CUDA_VISIBLE_DEVICES=0 run colocate --config configs/gpu-1x-colocate.yaml "${COMMON[@]}" --rollout.prompts-per-step 16 "$@"
+fi
+python3 - "$OUT" <<'PY' | tee -a "$OUT/e2e.log"
+import json, sys, glob, os
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.metrics.jsonl"))):
+    rows = [json.loads(l) for l in open(f) if l.strip()]
+    steps = [r for r in rows if "loss/total" in r]
+    if not steps:
+        print(os.path.basename(f), "no steps"); continue
+    last = steps[-1]
+    keys = ["loss/total", "learner/grad_norm", "rollout/staleness_max", "rollout/completion_len_mean",
+            "perf/tokens_per_s", "time/step", "time/generation", "time/train", "time/sync", "sync/seconds",
+            "sync/bytes", "loss/logprob_drift_mean", "perf/packing_efficiency"]
+    print(os.path.basename(f), "steps", len(steps), {k: round(last.get(k, float("nan")), 4) for k in keys})
+    print("  step times", [round(r["time/step"], 2) for r in steps])
+PY
+exit $rc
