@@ -70,6 +70,8 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _require(not (r.backend == "vllm" and c.device == "cpu"),
              "--rollout.backend vllm needs GPUs: use --cluster.device auto/cuda or --rollout.backend transformers")
     _require(not (c.colocate and c.device == "cpu"), "--cluster.colocate shares GPUs: it needs --cluster.device cuda")
+    _require(not (c.colocate and c.engine_tp > 1), "--cluster.colocate supports --cluster.engine-tp 1 only "
+             f"(got {c.engine_tp}): colocated engines share one GPU with a learner")
     if c.gpus_per_node > 0 and c.device != "cpu":
         total = c.num_nodes * c.gpus_per_node
         if c.colocate:

@@ -49,7 +49,10 @@ class EngineActor(_Base):
             from rlvr.rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(model_path, engine_id, cfg=cfg, initial_version=initial_version,
-                                     ignore_eos=bool(os.environ.get("RLVR_IGNORE_EOS")))
+                                     ignore_eos=bool(os.environ.get("RLVR_IGNORE_EOS")),
+                                     # TP workers as local processes on this actor's GPUs (vLLM's Ray executor
+                                     # loses the placement-group context inside an actor; open-instruct does the same)
+                                     distributed_executor_backend="mp" if cfg.cluster.engine_tp > 1 else None)
         else:
             from rlvr.rollout.hf_engine import TransformersEngine
 

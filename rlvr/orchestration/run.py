@@ -112,6 +112,7 @@ class ActorFactory:
 
         self.cfg, self.model_dir, self.device = cfg, model_dir, device
         self.sync_info: dict | None = None
+        self.placement_groups: dict[int, Any] = {}
         c, gpu = cfg.cluster, device.startswith("cuda")
         env = faults.env_vars()
         base: dict[str, Any] = {"runtime_env": {"env_vars": env}} if env else {}
@@ -133,9 +134,32 @@ class ActorFactory:
         return learners
 
     def engine(self, index: int, version: int = 0) -> Any:
+        """Engine `index`; a tensor-parallel engine gets its own STRICT_PACK placement group (one node, engine_tp
+        GPUs) and vLLM's multiprocessing executor starts its TP workers on those GPUs."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         from rlvr.orchestration.actors import EngineActor
 
-        return EngineActor.options(**self.engine_opts).remote(self.cfg, self.model_dir, index, self.device, version)
+        opts = dict(self.engine_opts)
+        tp = self.cfg.cluster.engine_tp
+        if self.device.startswith("cuda") and tp > 1 and not self.cfg.cluster.colocate:
+            old = self.placement_groups.pop(index, None)
+            if old is not None:
+                ray.util.remove_placement_group(old)
+            pg = ray.util.placement_group([{"GPU": tp, "CPU": max(1.0, self.cfg.cluster.cpus_per_actor)}],
+                                          strategy="STRICT_PACK", name=f"rlvr-engine-{index}")
+            ray.get(pg.ready(), timeout=self.cfg.cluster.actor_timeout_s)
+            self.placement_groups[index] = pg
+            opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+        return EngineActor.options(**opts).remote(self.cfg, self.model_dir, index, self.device, version)
+
+    def release(self) -> None:
+        import ray
+
+        for pg in self.placement_groups.values():
+            ray.util.remove_placement_group(pg)
+        self.placement_groups.clear()
 
     def verifiers(self) -> list:
         from rlvr.orchestration.actors import VerifierActor
@@ -191,6 +215,8 @@ def shutdown_actors(actors: Actors) -> None:
         logger.warning("actor shutdown: %s", describe(e))
     for a in actors.all():
         ray.kill(a)
+    if actors.factory is not None:
+        actors.factory.release()
 
 
 def run_dir_for(cfg: ExperimentConfig) -> RunDir:

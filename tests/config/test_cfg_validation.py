@@ -59,6 +59,7 @@ def test_yaml_scientific_string_is_a_number():
     ({"data": {"datasets": ["a", "b"], "weights": [1.0]}}, r"weights has 1 entries"),
     ({"algorithm": {"loss": "gspo", "aggregation": "token-mean"}}, r"gspo is a sequence-level loss"),
     ({"num_steps": 0}, r"--num-steps must be >= 1"),
+    ({"cluster": {"device": "cuda", "colocate": True, "engine_tp": 2}}, r"colocate supports --cluster.engine-tp 1"),
 ])
 def test_impossible_values(sections, pattern):
     with pytest.raises(ConfigError, match=pattern):
