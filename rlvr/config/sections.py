@@ -297,6 +297,9 @@ class EvalConfig:
     """Greedy decoding for eval (otherwise the training temperature)."""
     max_prompts: int = 128
     """Eval prompts used (0 = all)."""
+    overlap: bool = True
+    """Generate eval prompts beside the next step's rollouts instead of pausing training for them; the next
+    weight sync waits for the eval, so it still measures exactly the weights of its step."""
 
 
 @dataclass

@@ -56,6 +56,7 @@ class Trainer:
         a = cfg.algorithm
         self.failures: list[dict[str, Any]] = []
         self.engines_asleep = False
+        self.eval_inflight: dict[str, Any] | None = None
         self.signals: Any = None  # StopSignals of the process, set by run.train
         self.stopped = False
         self.engine_restarts = 0
@@ -123,6 +124,9 @@ class Trainer:
         logger.error("%s: replacing it (restart %d of %d)", failure, self.engine_restarts,
                      self.cfg.cluster.max_engine_restarts)
         ray.kill(self.actors.engines[i])
+        if self.eval_inflight is not None:
+            logger.warning("dropping the eval of step %d in flight (its engine failed)", self.eval_inflight["step"])
+            self.eval_inflight = None
         requeued = self.feeder.requeue_from(i)
         self.actors.engines[i] = self.actors.factory.engine(i, version=self.step)
         self.feeder.engines = self.actors.engines
@@ -226,6 +230,7 @@ class Trainer:
                                   "train_batch")
         t1 = time.perf_counter()
         self.step += 1
+        self.finish_eval()  # an overlapped eval must see the previous weights only
         try:
             sync = self.sync_weights(self.step)
         except EngineFailure as e:  # the group is broken for everyone: rebuilt with the replacement
@@ -284,28 +289,57 @@ class Trainer:
         self.feeder.forget(prompt_id)
 
     # ------------------------------------------------------------------ eval, logging, checkpoints
-    def evaluate(self) -> dict[str, float]:
+    def start_eval(self) -> None:
+        """Submit the eval prompts without waiting: they generate beside the next step's rollouts, still with this
+        step's weights, because the next weight sync first waits for them (`finish_eval`)."""
         if not self.eval_requests:
-            return {}
-        t0 = time.perf_counter()
+            return
         n = len(self.actors.engines)
-        parts = [self.eval_requests[i::n] for i in range(n)]
-        outs = ray.get([e.generate.remote(p, self.cfg.rollout.timeout_s) for e, p in zip(self.actors.engines, parts) if p],
-                       timeout=self.cfg.rollout.timeout_s)
-        samples = [s for out in outs for s in out]
+        for e, part in zip(self.actors.engines, [self.eval_requests[i::n] for i in range(n)]):
+            if part:
+                ray.get(e.submit.remote(part), timeout=self.timeout)
+        self.feeder.eval_samples = []
+        self.eval_inflight = {"step": self.step, "t0": time.perf_counter(),
+                              "expected": sum(r.num_samples for r in self.eval_requests)}
+
+    def finish_eval(self) -> dict[str, float]:
+        """Wait for the eval in flight, score it, write eval.jsonl (at the step whose weights it used)."""
+        ev = self.eval_inflight
+        if ev is None:
+            return {}
+        deadline = time.time() + self.cfg.rollout.timeout_s
+        while len(self.feeder.eval_samples) < ev["expected"]:
+            groups = self.feeder.poll()  # training groups arriving meanwhile are kept for the next step
+            if groups:
+                self._score(groups)
+                self.pending.extend(groups)
+            if time.time() > deadline:
+                raise TimeoutError(f"eval of step {ev['step']} incomplete after --rollout.timeout-s")
+            time.sleep(0.005)
+        self.eval_inflight = None
         groups: dict[str, Group] = {}
-        for s in samples:
-            groups.setdefault(s.prompt_id, Group(prompt_id=s.prompt_id, samples=[])).samples.append(s)
-        glist = list(groups.values())
+        for smp in self.feeder.eval_samples:
+            groups.setdefault(smp.prompt_id, Group(prompt_id=smp.prompt_id, samples=[])).samples.append(smp)
+        glist = sorted(groups.values(), key=lambda g: g.prompt_id)
+        for g in glist:
+            g.samples.sort(key=lambda smp: smp.sample_index)
         self._score(glist)
         metrics = eval_metrics(glist)  # basic keys (eval/reward_mean, eval/pass@1) kept stable for tools
         from rlvr.eval.cli import default_ks
         from rlvr.eval.runner import summarize_groups
 
         metrics.update(summarize_groups(glist, ks=default_ks(self.cfg.eval.num_samples))[0])  # same code as `rlvr eval`
-        metrics["time/eval"] = time.perf_counter() - t0
-        self.eval_file.write({"step": self.step, "time": time.time(), **metrics})
+        metrics["time/eval"] = time.perf_counter() - ev["t0"]
+        self.eval_file.write({"step": ev["step"], "time": time.time(), **metrics})
+        self.progress.last_eval = metrics.get("eval/reward_mean")
+        if self.wandb is not None and ev["step"] != self.step:
+            self.wandb.log(ev["step"], metrics)
         return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Blocking eval with the current weights."""
+        self.start_eval()
+        return self.finish_eval()
 
     def save_checkpoint(self) -> Path:
         tmp = self.run_dir.tmp_checkpoint(self.step)
@@ -419,8 +453,13 @@ class Trainer:
         num_workers = len(self.actors.learners) + len(self.actors.engines)
         m.update({"time/step": wall, "perf/tokens_per_s": num_tokens / wall,
                   "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers})
-        if (cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0) or self.step == cfg.num_steps:
+        if self.step == cfg.num_steps:
             m.update(self.evaluate())
+        elif cfg.eval.every_n_steps and self.step % cfg.eval.every_n_steps == 0:
+            if cfg.eval.overlap:
+                self.start_eval()  # logged to eval.jsonl when done, before the next weight sync
+            else:
+                m.update(self.evaluate())
         self._log(m, groups)
         every = cfg.checkpoint.every_n_steps
         if (every and self.step % every == 0) or (self.step == cfg.num_steps and cfg.checkpoint.save_final):

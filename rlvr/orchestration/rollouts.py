@@ -34,6 +34,7 @@ class RolloutFeeder:
         self._seq = 0
         self.requeue: list[PromptRequest] = []
         self.exhausted = False
+        self.eval_samples: list[Sample] = []
         self.pulled_this_step = 0
 
     @property
@@ -87,6 +88,9 @@ class RolloutFeeder:
         by_prompt: dict[str, list[Sample]] = defaultdict(list)
         for samples in results:
             for s in samples:
+                if s.is_eval:  # an overlapped eval: collected by the driver's finish_eval
+                    self.eval_samples.append(s)
+                    continue
                 by_prompt[s.prompt_id].append(s)
         groups = []
         for pid, samples in by_prompt.items():

@@ -27,14 +27,17 @@ def _cfg(tmp_path, **over):
         "num_steps": 4,
     }
     for k, v in over.items():
-        base.setdefault(k, {}).update(v)
+        if isinstance(v, dict):
+            base.setdefault(k, {}).update(v)
     return validate(from_dict(base, base=default_config()))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_two_learners_two_engines_async(tmp_path, ray_cluster):
-    cfg = _cfg(tmp_path)
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_learners_two_engines_async(tmp_path, ray_cluster, zero_stage):
+    """ZeRO-2 is the issue's case; ZeRO-3 shows parameter gathers for sync and scoring work on CPU/gloo too."""
+    cfg = _cfg(tmp_path, learner={"zero_stage": zero_stage}, num_steps=None)
     prep = prepare(cfg)
     actors = create_actors(cfg, prep.model_dir, "cpu")
     try:
