@@ -1,0 +1,671 @@
+"""GPU throughput benchmark of `rlvr train` (issue 7): tokens/s/GPU, phases, weight sync, learner MFU, padding,
+prompt accounting, async speedup, and rollout inside rlvr vs standalone vLLM -- one JSON line per measurement.
+
+    python3 bench/gpu_grpo.py --configs colocate1,split2_async0,split2_async1 --shape qwen2.5-0.5b \
+        --steps 5 --max-new-tokens 512 --prompts-per-step 32 --group-size 8 --out $OUT
+
+Configurations (`--configs`, comma separated): `colocate1[_asyncK]` (learner + vLLM on one GPU, CUDA IPC sync,
+sleep/wake), `splitG[_lL]_asyncK` (G GPUs, L learners (default G//2) + G-L engines, NCCL sync). Configs that
+need more GPUs than the machine has are reported as skipped. Extra lanes:
+- `standalone`: vLLM's `LLM` alone on the same model dir, prompts (rlvr's own PromptStream), n, max_tokens,
+  ignore_eos, logprobs=0, gpu_memory_utilization: one step-sized batch with n=G (plain), the same batch the way
+  rlvr submits it (n=1 requests with per-sample seeds), and one 4-step batch (continuous-batching ceiling).
+- `learner`: the exact LearnerWorker.train_batch on a synthetic packed batch of the same shape (random ids,
+  prompt lengths of the real prompts, completions at max-new-tokens), once per `--learner-variants` flag set:
+  the cheap before/after for the MFU knobs (gradient checkpointing, micro_batch_rows, logprob chunk, pack length)
+  without Ray/vLLM start-up, plus an SDPA probe (block-causal mask vs plain causal) at the pack length.
+On a machine with >= 2 GPUs the standalone + learner lane runs on the last GPU while `colocate1` runs on GPU 0.
+
+Every rlvr run is `python3 -m rlvr.cli train` in its own process group with RLVR_IGNORE_EOS=1 (fixed workload:
+every completion runs to max-new-tokens), filter-zero-variance off, eval off, checkpoints off; each is killed
+(SIGTERM, then SIGKILL) at its share of `--budget-s`, and whatever steps it logged are still reported.
+Figures average steps 2..N (step 1 is warm-up). MFU = (6 N + 6 L d S) * tokens / (t_train * learner GPUs * peak),
+N = matmul parameters incl. the lm_head, S = mean sample length, tokens = prompt + completion tokens trained;
+peak 989e12 (H100/H200 bf16 dense datasheet; ~790e12 is what H100 GEMMs reach). It is MFU, not HFU: gradient
+checkpointing's recompute is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12, "A100": 312e12, "B200": 2250e12}
+DEFAULT_LEARNER_VARIANTS = ";".join([
+    "base=",
+    "no_gc=--model.gradient-checkpointing False",
+    "no_gc_chunk4k=--model.gradient-checkpointing False --learner.logprob-chunk-size 4096",
+    "no_gc_mbr2=--model.gradient-checkpointing False --learner.micro-batch-rows 2",
+    "no_gc_pack8k=--model.gradient-checkpointing False --learner.pack-length 8192",
+])
+_print_lock = threading.Lock()
+
+
+def emit(obj: dict[str, Any], out_file: Path | None) -> None:
+    line = json.dumps(obj, default=_json_default)
+    with _print_lock:
+        print(line, flush=True)
+        if out_file is not None:
+            with open(out_file, "a") as f:
+                f.write(line + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    return str(o)
+
+
+def rnd(x: Any, n: int = 4) -> Any:
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else round(x, n)
+    return x
+
+
+# ----------------------------------------------------------------------------- configurations
+def parse_config(name: str) -> dict[str, Any]:
+    m = re.fullmatch(r"colocate1(?:_async(\d+))?", name)
+    if m:
+        return {"name": name, "gpus": 1, "learners": 1, "engines": 1, "colocate": True,
+                "async_steps": int(m.group(1)) if m.group(1) is not None else 1}
+    m = re.fullmatch(r"split(\d+)(?:_l(\d+))?(?:_async(\d+))?", name)
+    if m:
+        g = int(m.group(1))
+        lrn = int(m.group(2)) if m.group(2) else max(1, g // 2)
+        if g < 2 or not 1 <= lrn < g:
+            raise ValueError(f"config {name}: need >= 2 GPUs and 1 <= learners < GPUs")
+        return {"name": name, "gpus": g, "learners": lrn, "engines": g - lrn, "colocate": False,
+                "async_steps": int(m.group(3)) if m.group(3) is not None else 1}
+    raise ValueError(f"unknown config {name!r}: use colocate1[_asyncK] or splitG[_lL][_asyncK]")
+
+
+def common_flags(a: argparse.Namespace, model_dir: str) -> list[str]:
+    return ["--model.path", model_dir, "--data.datasets", "builtin:copy4", "--data.apply-chat-template", "False",
+            "--rollout.filter-zero-variance", "False", "--eval.every-n-steps", "0", "--eval.at-step-0", "False",
+            "--checkpoint.save-final", "False", "--checkpoint.every-n-steps", "0",
+            "--checkpoint.output-dir", a.runs_dir, "--logging.console-progress", "False",
+            "--num-steps", str(a.steps), "--generation.max-new-tokens", str(a.max_new_tokens),
+            "--generation.num-samples", str(a.group_size), "--rollout.prompts-per-step", str(a.prompts_per_step),
+            "--learner.lr", "1e-6"]
+
+
+def train_argv(a: argparse.Namespace, c: dict[str, Any], model_dir: str, run_name: str) -> list[str]:
+    preset = "configs/gpu-1x-colocate.yaml" if c["colocate"] else "configs/gpu-2x.yaml"
+    argv = ["--config", preset, *common_flags(a, model_dir), "--rollout.async-steps", str(c["async_steps"]),
+            "--cluster.num-learners", str(c["learners"]), "--cluster.num-engines", str(c["engines"]),
+            "--cluster.gpus-per-node", str(c["gpus"]), "--logging.run-name", run_name]
+    return argv + shlex.split(a.extra)
+
+
+def gpu_env(gpus: list[int]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RLVR_IGNORE_EOS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0",
+               CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env.setdefault("NCCL_CUMEM_ENABLE", "0")
+    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    pp = [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = ":".join(pp)
+    return env
+
+
+# ----------------------------------------------------------------------------- subprocess guard
+def run_guarded(cmd: list[str], env: dict[str, str], timeout_s: float, log_path: Path) -> dict[str, Any]:
+    """Run in its own session; on timeout SIGTERM the group, then SIGKILL it 15 s later."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+    return {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.time() - t0, 1)}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)  # the group of the process this script started (start_new_session)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            if sig == signal.SIGKILL:
+                return
+        except subprocess.TimeoutExpired:
+            continue
+    # the leader is gone but members of its group may linger (ray raylet, vLLM engine core)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def tail(path: Path, n: int = 25) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    keep = [l for l in lines if re.search(r"Error|error|Traceback|Exception|OOM|out of memory|Killed", l)]
+    return (keep[-8:] + lines[-n:])[-n:]
+
+
+# ----------------------------------------------------------------------------- model facts and MFU
+def model_facts(model_dir: str) -> dict[str, Any]:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    d, L, inter, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    kv_dim = d // heads * kv
+    per_layer = d * d + 2 * d * kv_dim + d * d + 3 * d * inter  # q, k, v, o, gate/up/down
+    return {"N_matmul": L * per_layer + V * d, "L": L, "d": d, "heads": heads, "kv_heads": kv, "vocab": V}
+
+
+def peak_for(card: str) -> float | None:
+    for key in ("GH200", "H200", "H100", "H800", "A100", "B200"):
+        if key in card:
+            return PEAKS[key]
+    return None
+
+
+def mfu(facts: dict[str, Any], tokens: float, seq_len: float, seconds: float, gpus: int, peak: float | None) -> Any:
+    if not peak or not seconds or not tokens:
+        return None
+    flops = (6 * facts["N_matmul"] + 6 * facts["L"] * facts["d"] * seq_len) * tokens
+    return flops / (seconds * gpus * peak)
+
+
+def gpu_names() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        return [l.strip() for l in out.stdout.splitlines() if l.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl -> one line
+def mean(xs: list[float]) -> float:
+    xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str, Any], peak: float | None) -> dict:
+    steps = [r for r in rows if "time/train" in r]
+    out: dict[str, Any] = {"steps_logged": len(steps)}
+    if not steps:
+        return out
+    meas = steps[1:] if len(steps) > 1 else steps
+    out["steps_measured"] = len(meas) if len(steps) > 1 else 0  # 0: only the warm-up step is available
+
+    def m(k: str) -> float:
+        return mean([r.get(k, float("nan")) for r in meas])
+
+    # wall per step: gap between consecutive metric records (all of the loop), falling back to time/step
+    walls = [steps[i]["time"] - steps[i - 1]["time"] for i in range(1, len(steps))] or [steps[0]["time/step"]]
+    wall = mean(walls)
+    samples = m("rollout/num_samples")
+    p_len, c_len = m("rollout/prompt_len_mean"), m("rollout/completion_len_mean")
+    tokens = samples * (p_len + c_len)
+    gen, wait, reward, train, sync = (m("time/generation"), m("time/wait_generation"), m("time/reward"),
+                                      m("time/train"), m("time/sync"))
+    sync_bytes = m("sync/bytes")
+    out.update({
+        "prompt_len_mean": rnd(p_len, 1), "completion_len_mean": rnd(c_len, 1), "samples_per_step": rnd(samples, 1),
+        "tokens_per_step": rnd(tokens, 0), "step_wall_s": rnd(wall, 3), "time_step_s": rnd(m("time/step"), 3),
+        "tokens_per_s": rnd(tokens / wall, 1), "tokens_per_s_per_gpu": rnd(tokens / wall / c["gpus"], 1),
+        "phase_s": {"generation": rnd(gen, 3), "wait_generation": rnd(wait, 3), "reward": rnd(reward, 3),
+                    "logprob_recompute": "inside train (one optimizer step per batch: l_old = stopgrad)",
+                    "train": rnd(train, 3), "sync_cycle": rnd(sync, 3),
+                    "learner_idle": rnd(max(0.0, wall - train - sync), 3),
+                    # engines wait through train + sync when nothing runs ahead (async0) or they sleep (colocated)
+                    "engine_idle_est": rnd(train + sync, 3) if c["async_steps"] == 0 or c["colocate"] else None},
+        "engine_rollout_tokens_per_s": rnd(samples * c_len / gen, 1) if c["async_steps"] == 0 else None,
+        "weight_sync": {"cycle_s": rnd(sync, 4), "learner_send_s": rnd(m("sync/seconds"), 4),
+                        "engine_load_s_max": rnd(m("sync/engine_load_s_max"), 4), "gb": rnd(sync_bytes / 1e9, 3),
+                        "cycle_gb_per_s": rnd(sync_bytes / 1e9 / sync, 2) if sync else None,
+                        "send_gb_per_s": rnd(m("sync/gb_per_s"), 2)},
+        "learner_mfu": rnd(mfu(facts, tokens, p_len + c_len, train, c["learners"], peak), 4),
+        "learner_tokens_per_s_per_gpu": rnd(tokens / train / c["learners"], 1),
+        "padding_waste": rnd(1 - m("perf/padded_token_efficiency"), 4),
+        "pack_waste": rnd(1 - m("perf/packing_efficiency"), 4),
+        "packed_rows": rnd(m("perf/num_packed_rows"), 1), "micro_batches_per_rank": rnd(m("perf/micro_batches_per_rank"), 1),
+        "staleness_mean": rnd(m("rollout/staleness_mean"), 3), "truncated_rate": rnd(m("rollout/truncated_rate"), 3),
+    })
+    last = steps[-1]
+    out["prompts"] = {k.split("/", 1)[1]: last.get(k) for k in sorted(last) if k.startswith("data/prompts_")}
+    out["step_walls_s"] = [round(w, 2) for w in walls]
+    out["train_s_per_step"] = [round(r["time/train"], 2) for r in steps]
+    return out
+
+
+def run_config(a: argparse.Namespace, c: dict[str, Any], gpus: list[int], model_dir: str, facts: dict, card: str,
+               peak: float | None, timeout_s: float, out_dir: Path, tag: str, extra_note: str = "") -> dict:
+    run_name = f"{c['name']}-{tag}-{os.getpid()}-{int(time.time())}"
+    argv = train_argv(a, c, model_dir, run_name)
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", *argv]
+    rec: dict[str, Any] = {"kind": "rlvr", "config": c["name"], "tag": tag, "shape": a.shape, "card": card,
+                           "gpus": c["gpus"], "learners": c["learners"], "engines": c["engines"],
+                           "colocate": c["colocate"], "async_steps": c["async_steps"],
+                           "prompts_per_step": a.prompts_per_step, "group_size": a.group_size,
+                           "max_new_tokens": a.max_new_tokens, "steps": a.steps, "extra": a.extra,
+                           "peak_flops": peak, "note": extra_note}
+    if a.dry_run:
+        rec["cmd"] = "CUDA_VISIBLE_DEVICES=%s RLVR_IGNORE_EOS=1 %s" % (",".join(map(str, gpus)), shlex.join(cmd))
+        rec["flags_ok"] = check_flags(argv)
+        return rec
+    res = run_guarded(cmd, gpu_env(gpus), timeout_s, out_dir / f"{run_name}.log")
+    rec.update(res)
+    mpath = Path(a.runs_dir) / run_name / "metrics.jsonl"
+    rows = []
+    if mpath.is_file():
+        rows = [json.loads(l) for l in mpath.read_text().splitlines() if l.strip()]
+        try:
+            (out_dir / f"{run_name}.metrics.jsonl").write_text(mpath.read_text())
+        except OSError:
+            pass
+    rec.update(summarize_run(rows, c, facts, peak))
+    if res["rc"] != 0 or not rows:
+        rec["log_tail"] = tail(out_dir / f"{run_name}.log")
+    return rec
+
+
+def check_flags(argv: list[str]) -> Any:
+    """Dry run: do the flags parse and validate the way `rlvr train` would take them?"""
+    try:
+        from rlvr.cli import parse_train_args
+
+        cfg = parse_train_args(argv).experiment
+        return {"ok": True, "num_steps": cfg.num_steps, "gc": cfg.model.gradient_checkpointing,
+                "zero": cfg.learner.zero_stage, "pack_length": cfg.learner.pack_length,
+                "micro_batch_rows": cfg.learner.micro_batch_rows, "vllm_mem": cfg.rollout.vllm_gpu_memory_utilization}
+    except BaseException as e:  # noqa: BLE001 - tyro exits on bad flags
+        return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
+# ----------------------------------------------------------------------------- child: standalone vLLM
+def child_standalone(spec: dict[str, Any]) -> None:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+
+    from rlvr.cli import parse_train_args
+    from rlvr.data import PromptStream
+
+    cfg = parse_train_args(spec["argv"]).experiment
+    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+    stream = PromptStream(cfg, tok)
+    P, G, M = cfg.rollout.prompts_per_step, cfg.generation.num_samples, cfg.generation.max_new_tokens
+    reqs = [stream.next_request() for _ in range(5 * P)]
+    reqs = [r for r in reqs if r is not None]
+    prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in reqs]
+    t0 = time.perf_counter()
+    llm = LLM(model=spec["model_dir"], dtype="bfloat16", seed=cfg.seed,
+              gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+              max_model_len=cfg.data.max_prompt_tokens + M, enable_prefix_caching=cfg.rollout.vllm_enable_prefix_caching,
+              enforce_eager=cfg.rollout.vllm_enforce_eager, logprobs_mode="processed_logprobs")
+    start_s = time.perf_counter() - t0
+    base = dict(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p, top_k=cfg.generation.top_k,
+                max_tokens=M, logprobs=0, ignore_eos=True)
+    common = {"kind": "standalone_vllm", "card": spec["card"], "prompts_per_step": P, "group_size": G,
+              "max_new_tokens": M, "gpu_memory_utilization": cfg.rollout.vllm_gpu_memory_utilization,
+              "engine_start_s": round(start_s, 1)}
+    llm.generate(prompts[:8], SamplingParams(**{**base, "max_tokens": 16}, n=G), use_tqdm=False)  # warm-up
+
+    def measure(label: str, batch: list, params: Any, seqs: int) -> None:
+        t = time.perf_counter()
+        outs = llm.generate(batch, params, use_tqdm=False)
+        dt = time.perf_counter() - t
+        comp = sum(len(o.token_ids) for r in outs for o in r.outputs)
+        prm = sum(len(r.prompt_token_ids) * len(r.outputs) for r in outs)
+        emit({**common, "mode": label, "sequences": seqs, "seconds": round(dt, 3), "completion_tokens": comp,
+              "completion_tokens_per_s": round(comp / dt, 1), "tokens_per_s": round((comp + prm) / dt, 1)}, None)
+
+    which = spec["modes"]
+    if "step_plain" in which:  # one step's batch, n=G per prompt
+        measure("step_plain", prompts[P:2 * P], SamplingParams(**base, n=G), P * G)
+    if "step_rlvr_like" in which:  # the same batch the way rlvr submits it: n=1 requests, a seed per sample
+        batch, params = [], []
+        for r in reqs[2 * P:3 * P]:
+            for j in range(G):
+                batch.append({"prompt_token_ids": list(r.prompt_token_ids)})
+                seed = None if r.sampling.seed is None else int(r.sampling.seed) + j
+                params.append(SamplingParams(**base, n=1, seed=seed))
+        measure("step_rlvr_like", batch, params, P * G)
+    if "ceiling" in which:  # four steps at once: the continuous-batching ceiling
+        measure("ceiling_4steps", prompts[P:5 * P], SamplingParams(**base, n=G), 4 * P * G)
+
+
+# ----------------------------------------------------------------------------- child: learner microbench
+def child_learner(spec: dict[str, Any]) -> None:
+    import gc
+    import random
+    import socket
+
+    import torch
+
+    from rlvr.algorithms.packing import PackInput, build_packed_batches
+    from rlvr.cli import parse_train_args
+    from rlvr.data import PromptStream
+    from rlvr.learner.worker import LearnerWorker
+    from transformers import AutoTokenizer
+
+    facts, peak, card = spec["facts"], spec["peak"], spec["card"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    deadline = time.time() + spec["timeout_s"] - 5
+    if device == "cuda":
+        _attn_probe(facts, spec["pack_length"], card)
+    for name, flags in spec["variants"]:
+        if time.time() > deadline - 20:
+            emit({"kind": "learner_microbench", "variant": name, "skipped": "out of time"}, None)
+            continue
+        rec: dict[str, Any] = {"kind": "learner_microbench", "variant": name, "flags": flags, "card": card,
+                               "peak_flops": peak, "device": device}
+        try:
+            cfg = parse_train_args(spec["argv"] + shlex.split(flags)).experiment
+            stream = PromptStream(cfg, tok)
+            plens = [len(stream.next_request().prompt_token_ids) for _ in range(spec["samples"] // cfg.generation.num_samples + 1)]
+            rng = random.Random(0)
+            V, M, G = facts["vocab"], cfg.generation.max_new_tokens, cfg.generation.num_samples
+            inputs = []
+            for i in range(spec["samples"]):
+                pl = plens[i // G]
+                inputs.append(PackInput(i, [rng.randrange(2, V) for _ in range(pl)], [rng.randrange(2, V) for _ in range(M)],
+                                        [-12.0] * M, 1.0 if i % 2 else -1.0))
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            pb = build_packed_batches(inputs, pack_length=cfg.learner.pack_length, num_ranks=1,
+                                      micro_batch_rows=cfg.learner.micro_batch_rows, pad_token_id=pad)[0]
+            tokens = sum(x.num_tokens for x in inputs)
+            t = time.perf_counter()
+            w = LearnerWorker(cfg, spec["model_dir"], 0, 1, "127.0.0.1", port, device=device)
+            rec["load_s"] = round(time.perf_counter() - t, 2)
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            times = []
+            for _ in range(1 + spec["reps"]):  # first call is warm-up
+                _sync(device)
+                t = time.perf_counter()
+                w.train_batch([pb])
+                _sync(device)
+                times.append(time.perf_counter() - t)
+            _sync(device)
+            t = time.perf_counter()
+            w._recompute(w.model, [pb])  # forward-only log-probs (what num_mini_batches > 1 adds per step)
+            _sync(device)
+            fwd = time.perf_counter() - t
+            train_s = mean(times[1:])
+            seq = tokens / len(inputs)
+            rec.update({"samples": len(inputs), "tokens": tokens, "rows": sum(mb.input_ids.shape[0] for mb in pb.micro_batches),
+                        "micro_batches": len(pb.micro_batches), "pack_length": cfg.learner.pack_length,
+                        "micro_batch_rows": cfg.learner.micro_batch_rows,
+                        "gradient_checkpointing": cfg.model.gradient_checkpointing,
+                        "logprob_chunk_size": cfg.learner.logprob_chunk_size,
+                        "attn_implementation": str(getattr(w.model.config, "_attn_implementation", "?")),
+                        "train_s": round(train_s, 3), "train_s_all": [round(x, 3) for x in times],
+                        "tokens_per_s": round(tokens / train_s, 1),
+                        "mfu": rnd(mfu(facts, tokens, seq, train_s, 1, peak), 4),
+                        "forward_logprobs_s": round(fwd, 3),
+                        "forward_mfu": rnd(mfu(facts, tokens, seq, fwd, 1, peak) * 3 if peak else None, 4),
+                        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
+                        "padded_token_efficiency": rnd(pb.metrics.get("perf/padded_token_efficiency", float("nan")), 4),
+                        "packing_efficiency": rnd(pb.metrics.get("perf/packing_efficiency", float("nan")), 4)})
+            del w
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - one variant failing (OOM, bad flag) must not stop the others
+            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        emit(rec, None)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _attn_probe(facts: dict[str, Any], T: int, card: str) -> None:
+    """SDPA forward+backward of one layer at the pack length: plain causal vs a block-causal bool mask of
+    ~520-token samples (what transformers builds for packed rows without flash-attn), times the layer count."""
+    import torch
+    import torch.nn.functional as F
+
+    try:
+        h, d = facts["heads"], facts["d"] // facts["heads"]
+        q, k, v = (torch.randn(1, h, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        seg = torch.arange(T, device="cuda") // 520
+        pos = torch.arange(T, device="cuda")
+        mask = (seg[:, None] == seg[None, :]) & (pos[:, None] >= pos[None, :])
+        res: dict[str, Any] = {"kind": "attention_probe", "card": card, "T": T, "heads": h, "head_dim": d,
+                               "layers": facts["L"]}
+        for label, kw in (("causal_no_mask", {"is_causal": True}), ("block_mask", {"attn_mask": mask[None, None]})):
+            for i in range(4):
+                if i == 1:
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                F.scaled_dot_product_attention(q, k, v, **kw).sum().backward()
+            torch.cuda.synchronize()
+            res[f"{label}_ms_per_layer"] = round((time.perf_counter() - t) / 3 * 1e3, 3)
+        res["block_mask_ms_per_row_all_layers"] = round(res["block_mask_ms_per_layer"] * facts["L"], 2)
+        emit(res, None)
+    except Exception as e:  # noqa: BLE001
+        emit({"kind": "attention_probe", "error": f"{type(e).__name__}: {str(e)[:300]}"}, None)
+
+
+# ----------------------------------------------------------------------------- lanes
+def lane_standalone_learner(a: argparse.Namespace, gpu: int, model_dir: str, facts: dict, card: str,
+                            peak: float | None, deadline: float, out_dir: Path, results: dict) -> None:
+    split = parse_config("split2_async0")
+    argv = train_argv(a, split, model_dir, "standalone")
+    if "standalone" in a.lanes:
+        spec = {"argv": argv, "model_dir": model_dir, "card": card,
+                "modes": ["step_plain", "step_rlvr_like", "ceiling"]}
+        budget = min(a.standalone_timeout_s, deadline - time.time())
+        if a.dry_run:
+            emit({"kind": "standalone_vllm", "gpu": gpu, "timeout_s": round(budget), "spec": spec}, out_dir / "bench.jsonl")
+        else:
+            results["standalone"] = run_child("standalone", spec, [gpu], budget, out_dir)
+    if "learner" in a.lanes:
+        variants = [tuple(v.split("=", 1)) if "=" in v else (v, v) for v in a.learner_variants.split(";") if v.strip()]
+        learner_argv = train_argv(a, parse_config("split2_async0"), model_dir, "learner")
+        budget = deadline - time.time() if not a.dry_run else a.standalone_timeout_s
+        spec = {"argv": learner_argv, "model_dir": model_dir, "card": card, "facts": facts, "peak": peak,
+                "variants": variants, "samples": a.learner_samples, "reps": 1, "timeout_s": budget,
+                "pack_length": 4096}
+        if a.dry_run:
+            emit({"kind": "learner_microbench", "gpu": gpu, "spec": {k: v for k, v in spec.items() if k != "facts"}},
+                 out_dir / "bench.jsonl")
+        elif budget > 30:
+            results["learner"] = run_child("learner", spec, [gpu], budget, out_dir)
+
+
+def run_child(mode: str, spec: dict[str, Any], gpus: list[int], timeout_s: float, out_dir: Path) -> list[dict]:
+    spec_path = out_dir / f"{mode}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    log = out_dir / f"{mode}.log"
+    res = run_guarded([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--child-spec", str(spec_path)],
+                      gpu_env(gpus), timeout_s, log)
+    recs = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"kind"' in line:
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    for r in recs:
+        emit(r, out_dir / "bench.jsonl")
+    if res["rc"] != 0 or not recs:
+        emit({"kind": f"{mode}_status", **res, "log_tail": tail(log)}, out_dir / "bench.jsonl")
+    return recs
+
+
+# ----------------------------------------------------------------------------- main
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="colocate1,split2_async0,split2_async1")
+    p.add_argument("--lanes", default="standalone,learner", help="extra lanes: standalone, learner (or 'none')")
+    p.add_argument("--shape", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "qwen2.5-1.5b"])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--prompts-per-step", type=int, default=32)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--extra", default="", help="flags appended to every rlvr train command (and learner variants)")
+    p.add_argument("--extra-configs", default="",
+                   help="';'-separated CONFIG:TAG=FLAGS runs repeated with extra flags, e.g. "
+                        "'split2_async1:fast=--model.gradient-checkpointing False'")
+    p.add_argument("--learner-variants", default=DEFAULT_LEARNER_VARIANTS,
+                   help="';'-separated NAME=FLAGS for the learner microbench")
+    p.add_argument("--learner-samples", type=int, default=64, help="samples in the learner microbench batch")
+    p.add_argument("--budget-s", type=float, default=420.0, help="total wall budget of this script")
+    p.add_argument("--run-timeout-s", type=float, default=170.0, help="cap per rlvr run")
+    p.add_argument("--reserve-per-run-s", type=float, default=100.0,
+                   help="budget kept back for each later rlvr run when capping the current one")
+    p.add_argument("--standalone-timeout-s", type=float, default=150.0)
+    p.add_argument("--lane-share", type=float, default=0.42,
+                   help="with >= 2 GPUs the standalone+learner lane must end by this fraction of --budget-s "
+                        "(multi-GPU runs wait for it)")
+    p.add_argument("--serial", action="store_true", help="no concurrent lane next to colocate1")
+    p.add_argument("--out", default=os.environ.get("OUT", "/tmp/rlvr-bench-out"))
+    p.add_argument("--runs-dir", default="/tmp/rlvr-bench-runs")
+    p.add_argument("--model-dir", default=None, help="default /tmp/rlvr-bench-model-<shape>")
+    p.add_argument("--dry-run", action="store_true", help="print what would run, run nothing on GPUs")
+    p.add_argument("--child", choices=["standalone", "learner"], help=argparse.SUPPRESS)
+    p.add_argument("--child-spec", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        spec = json.loads(Path(a.child_spec).read_text())
+        (child_standalone if a.child == "standalone" else child_learner)(spec)
+        return 0
+
+    t_start = time.time()
+    deadline = t_start + a.budget_s
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jl = out_dir / "bench.jsonl"
+    a.lanes = [x for x in a.lanes.split(",") if x and x != "none"]
+    configs = [parse_config(x) for x in a.configs.split(",") if x]
+    extra_runs = []
+    for item in [x for x in a.extra_configs.split(";") if x.strip()]:
+        head, _, flags = item.partition("=")
+        cname, _, tag = head.partition(":")
+        extra_runs.append((parse_config(cname.strip()), tag.strip() or "extra", flags))
+    names = gpu_names()
+    num_gpus = len(names) if names else (0 if not a.dry_run else 2)
+    card = names[0] if names else "unknown"
+    peak = peak_for(card)
+    model_dir = a.model_dir or f"/tmp/rlvr-bench-model-{a.shape}"
+    t = time.time()
+    if not a.dry_run:
+        from rlvr.data import builtin_corpus
+        from rlvr.data.shaped_models import build_shaped_model_dir
+
+        build_shaped_model_dir(a.shape, list(builtin_corpus("copy4")), model_dir, 0)  # run.py's corpus and seed
+        facts = model_facts(model_dir)
+    else:
+        from rlvr.data.shaped_models import SHAPES, VOCAB_SIZE  # no torch needed for the arithmetic
+
+        s = SHAPES[a.shape]
+        facts = model_facts_from(s, VOCAB_SIZE)
+    emit({"kind": "setup", "card": card, "gpus": num_gpus, "peak_flops": peak, "shape": a.shape, "model_dir": model_dir,
+          "model_build_s": round(time.time() - t, 1), **facts, "dry_run": a.dry_run, "budget_s": a.budget_s}, jl)
+
+    results: dict[str, Any] = {}
+    todo = [(c, "base", "") for c in configs] + extra_runs
+    runnable = [(c, tag, fl) for c, tag, fl in todo if c["gpus"] <= num_gpus]
+    for c, tag, _ in todo:
+        if c["gpus"] > num_gpus:
+            emit({"kind": "rlvr", "config": c["name"], "tag": tag, "skipped": f"needs {c['gpus']} GPUs, have {num_gpus}"}, jl)
+
+    def do_run(c: dict, tag: str, flags: str, gpus: list[int], remaining_runs: int) -> None:
+        left = deadline - time.time()  # keep --reserve-per-run-s for each run still to come
+        timeout = min(a.run_timeout_s, max(30.0, left - a.reserve_per_run_s * (remaining_runs - 1)))
+        if not a.dry_run and left < 45:
+            emit({"kind": "rlvr", "config": c["name"], "tag": tag, "skipped": f"budget left {left:.0f}s"}, jl)
+            return
+        saved = a.extra
+        a.extra = (a.extra + " " + flags).strip()
+        rec = run_config(a, c, gpus, model_dir, facts, card, peak, timeout, out_dir, tag)
+        a.extra = saved
+        rec["timeout_s"] = round(timeout)
+        results[(c["name"], tag)] = rec
+        emit(rec, jl)
+
+    lane_thread = None
+    side_gpu = num_gpus - 1
+    parallel = num_gpus >= 2 and not a.serial and a.lanes
+    if parallel:  # standalone vLLM then the learner microbench on the last GPU, next to colocate1 on GPU 0
+        lane_deadline = (t_start + a.lane_share * a.budget_s if any(not c["colocate"] for c, _, _ in runnable)
+                         else deadline)
+        lane_deadline = max(lane_deadline, time.time() + 60)
+        lane_thread = threading.Thread(target=lane_standalone_learner, daemon=True,
+                                       args=(a, side_gpu, model_dir, facts, card, peak, lane_deadline, out_dir, results))
+        lane_thread.start()
+    order = sorted(runnable, key=lambda x: (not x[0]["colocate"], x[0]["gpus"]))
+    for i, (c, tag, flags) in enumerate(order):
+        if c["colocate"] or not parallel:
+            do_run(c, tag, flags, [0] if c["gpus"] == 1 else list(range(c["gpus"])), len(order) - i)
+            continue
+        if lane_thread is not None:  # multi-GPU runs need the side GPU back
+            lane_thread.join()
+            lane_thread = None
+        do_run(c, tag, flags, list(range(c["gpus"])), len(order) - i)
+    if lane_thread is not None:
+        lane_thread.join()
+    if not parallel and a.lanes and num_gpus >= 1:
+        lane_standalone_learner(a, 0, model_dir, facts, card, peak, deadline, out_dir, results)
+
+    # ---------------------------------------------------------------- summary
+    summary: dict[str, Any] = {"kind": "summary", "card": card, "peak_flops": peak, "shape": a.shape,
+                               "elapsed_s": round(time.time() - t_start, 1)}
+    base = {k[0]: v for k, v in results.items() if isinstance(k, tuple) and k[1] == "base"}
+    for name, r in base.items():
+        summary[f"{name}.tokens_per_s_per_gpu"] = r.get("tokens_per_s_per_gpu")
+        summary[f"{name}.learner_mfu"] = r.get("learner_mfu")
+        summary[f"{name}.sync_cycle_s"] = (r.get("weight_sync") or {}).get("cycle_s")
+    a0, a1 = base.get("split2_async0", {}), base.get("split2_async1", {})
+    if a0.get("tokens_per_s") and a1.get("tokens_per_s"):
+        summary["async1_over_async0"] = round(a1["tokens_per_s"] / a0["tokens_per_s"], 3)
+    sa = {r.get("mode"): r for r in results.get("standalone", []) if r.get("kind") == "standalone_vllm"}
+    rate = a0.get("engine_rollout_tokens_per_s")
+    for mode, r in sa.items():
+        summary[f"standalone.{mode}.completion_tokens_per_s"] = r.get("completion_tokens_per_s")
+        if rate:
+            summary[f"rollout_over_standalone.{mode}"] = round(rate / r["completion_tokens_per_s"], 3)
+    for k, r in results.items():
+        if isinstance(k, tuple) and k[1] != "base":
+            summary[f"{k[0]}:{k[1]}.tokens_per_s_per_gpu"] = r.get("tokens_per_s_per_gpu")
+            summary[f"{k[0]}:{k[1]}.learner_mfu"] = r.get("learner_mfu")
+    lb = [r for r in results.get("learner", []) if r.get("kind") == "learner_microbench" and "mfu" in r]
+    if lb:
+        summary["learner_microbench_mfu"] = {r["variant"]: r["mfu"] for r in lb}
+    emit(summary, jl)
+    return 0
+
+
+def model_facts_from(shape: dict[str, Any], vocab: int) -> dict[str, Any]:
+    d, L, inter = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"]
+    heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
+    kv_dim = d // heads * kv
+    return {"N_matmul": L * (2 * d * d + 2 * d * kv_dim + 3 * d * inter) + vocab * d, "L": L, "d": d,
+            "heads": heads, "kv_heads": kv, "vocab": vocab}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
