@@ -48,6 +48,7 @@ PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12, "A100"
 DEFAULT_LEARNER_VARIANTS = ";".join([
     "base=",
     "no_gc=--model.gradient-checkpointing False",
+    "no_gc_zero0=--model.gradient-checkpointing False --learner.zero-stage 0",
     "no_gc_chunk4k=--model.gradient-checkpointing False --learner.logprob-chunk-size 4096",
     "no_gc_mbr2=--model.gradient-checkpointing False --learner.micro-batch-rows 2",
     "no_gc_pack8k=--model.gradient-checkpointing False --learner.pack-length 8192",
