@@ -6,6 +6,12 @@ import os
 
 import pytest
 
+# Ray 2.60 turns token authentication on for a head whenever ~/.ray/auth_token exists, and a process that
+# starts a cluster while another regenerates the token can end up with a GCS its client cannot join. The test
+# session runs every Ray cluster (in-process, `rlvr train` subprocesses, ray_node_setup.sh nodes) without
+# tokens; tests that exercise token mode set RAY_AUTH_MODE themselves.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
 
 @pytest.fixture(scope="session")
 def ray_cluster():

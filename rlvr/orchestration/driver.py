@@ -57,6 +57,9 @@ class Trainer:
         self.failures: list[dict[str, Any]] = []
         self.engines_asleep = False
         self.eval_inflight: dict[str, Any] | None = None
+        # submissions still allowed: (async_steps + 1) * B to start, B more per trained step, one more per stale
+        # drop (and per filtered group under active sampling): the bound that keeps staleness <= async_steps
+        self.budget = (cfg.rollout.async_steps + 1) * cfg.rollout.prompts_per_step
         self.signals: Any = None  # StopSignals of the process, set by run.train
         self.stopped = False
         self.engine_restarts = 0
@@ -150,12 +153,15 @@ class Trainer:
         all_groups: list[Group] = []
         while (len(kept) < B) if r.active_sampling else (resolved < B):
             try:
-                pulls += self.feeder.top_up(max(0, max_pulls - pulls))
+                n = self.feeder.top_up(min(self.budget, max(0, max_pulls - pulls)),
+                                       held=len(self.pending) + len(kept))
+                self.budget -= n
+                pulls += n
             except EngineFailure as e:
                 self._replace_engine(e)
                 continue
             if not self.pending and not self.feeder.outstanding:
-                if self.feeder.exhausted or pulls >= max_pulls:
+                if self.feeder.exhausted or pulls >= max_pulls or self.budget <= 0:
                     break
             groups, self.pending = self.pending, []
             if not groups:
@@ -170,7 +176,10 @@ class Trainer:
             groups.sort(key=lambda g: min(s.version_start for s in g.samples))  # oldest first: fewer stale drops
             for g in groups:
                 if is_stale(g, self.step, r.async_steps):
+                    logger.debug("dropping stale group %s: version_start %s at learner version %d", g.prompt_id,
+                                 sorted({smp.version_start for smp in g.samples}), self.step)
                     self._finish(g.prompt_id, "dropped_stale")
+                    self.budget += 1  # regenerate it with fresh weights
                     m["rollout/dropped_stale"] += 1
                     continue
                 step_full = len(kept) >= B if r.active_sampling else resolved >= B
@@ -189,6 +198,8 @@ class Trainer:
                         kept.append(g)
                     else:
                         self._finish(g.prompt_id, "filtered")
+                        if r.active_sampling:
+                            self.budget += 1  # top the step up with another prompt
                 else:
                     kept.append(g)
         kept_ids = {id(g) for g in kept}
@@ -230,6 +241,7 @@ class Trainer:
                                   "train_batch")
         t1 = time.perf_counter()
         self.step += 1
+        self.budget += self.cfg.rollout.prompts_per_step  # the next step's worth may now be generated
         self.finish_eval()  # an overlapped eval must see the previous weights only
         try:
             sync = self.sync_weights(self.step)
@@ -425,6 +437,7 @@ class Trainer:
                 logger.info("training data exhausted at step %d", self.step)
                 return None
             logger.warning("step %d: no informative group among the resolved prompts; collecting again", self.step + 1)
+            self.budget += self.cfg.rollout.prompts_per_step  # another round of this step's worth
         else:
             # e.g. a solved task (every group all-correct): train on the zero-variance groups, whose advantages
             # are 0, so that the step and policy version still advance instead of stalling the run

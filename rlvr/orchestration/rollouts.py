@@ -51,12 +51,16 @@ class RolloutFeeder:
         self.ledger.pull(req.prompt_id)
         return req
 
-    def top_up(self, max_new: int) -> int:
-        """Submit new prompts up to capacity (and at most `max_new`); returns how many were submitted."""
+    def top_up(self, max_new: int, held: int = 0) -> int:
+        """Submit new prompts up to capacity (and at most `max_new`); returns how many were submitted.
+
+        `held`: complete groups the driver holds but has not trained yet. They count against the capacity:
+        otherwise groups that arrive early make room for more submissions, the backlog grows past
+        (async_steps + 1) * B, and its oldest groups outlive the staleness bound and are dropped."""
         per_engine: dict[int, list[PromptRequest]] = defaultdict(list)
         load = self.outstanding_per_engine()
         n = 0
-        while len(self.outstanding) < self.capacity and n < max_new:
+        while len(self.outstanding) + held < self.capacity and n < max_new:
             req = self._next_request()
             if req is None:
                 break
