@@ -19,7 +19,8 @@ Consequently:
   flash-attn varlen) never joins it to the last sample;
 - cu_seqlens (one list per row) are the segment boundaries [0, l1, l1+l2, ..., T], the padding segment
   included when there is one.
-Dummy micro-batches are one row of `dummy_length` pad tokens with loss_mask 0 and sample_ids -1.
+Dummy micro-batches are one row of 2 pad tokens (so every rank runs the whole model, lm_head included:
+ZeRO-3 gathers and ZeRO-2/3 gradient reductions must line up) with loss_mask 0 and sample_ids -1.
 
 Global normalisers: every PackedBatch carries the counts of the WHOLE step (all ranks): the number of
 loss tokens (sum of loss_mask) and the number of samples with at least one loss token.
@@ -208,7 +209,7 @@ def build_packed_batches(
         ordered = sorted(rank_rows, key=lambda r: (-row_lengths[r], r))  # similar lengths share a micro-batch
         per_rank_chunks.append([ordered[i : i + micro_batch_rows] for i in range(0, len(ordered), micro_batch_rows)])
     num_micro_batches = max(1, max(len(chunks) for chunks in per_rank_chunks))
-    dummy = _micro_batch([[]], min(pad_multiple, pack_length), pad_token_id, dtype)
+    dummy = _micro_batch([[]], min(max(2, pad_multiple), pack_length), pad_token_id, dtype)  # 2 tokens: runs the lm_head
     ranks_mbs: list[list[MicroBatch]] = []
     for chunks in per_rank_chunks:
         mbs = []

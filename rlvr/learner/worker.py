@@ -116,10 +116,7 @@ class LearnerWorker:
                         is_weights=is_w, entropy=ent)
                     # a micro-batch without loss tokens (a dummy that evens out ranks) still needs a graph:
                     # every rank must run backward so that ZeRO's gradient reductions line up
-                    if lp.grad_fn is None:  # a 1-token dummy row runs no lm_head: touch every parameter
-                        loss = loss + 0.0 * sum(p.sum() for p in self.model.parameters() if p.requires_grad)
-                    else:
-                        loss = loss + 0.0 * lp.sum()
+                    loss = loss + 0.0 * lp.sum()
                     if faults.due("nan_loss", self.version + 1):
                         loss = loss * float("nan")  # fault injection (tests of the numerical guard)
                     if not torch.isfinite(loss):
@@ -168,7 +165,9 @@ class LearnerWorker:
 
     @torch.no_grad()
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:
-        """Teacher-forced log-probs of the completion tokens (for engine/learner agreement checks)."""
+        """Teacher-forced log-probs of the completion tokens (for engine/learner agreement checks).
+
+        Under ZeRO-3 the parameter gather is a collective: call it on every rank."""
         ids = torch.tensor([prompt_token_ids + completion_token_ids])
         pos = torch.arange(ids.shape[1]).unsqueeze(0)
         with self.backend.gathered() as model:

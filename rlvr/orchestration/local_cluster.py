@@ -36,7 +36,8 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
 
 
 def token_auth_env() -> dict[str, str]:
-    """`{"RAY_AUTH_MODE": "token"}` when the mode is unset and a Ray auth token is available, else {}.
+    """`{"RAY_AUTH_MODE": "token"}` when the mode is unset and a Ray auth token is available, `disabled` when
+    it is unset and none exists, else {} (an explicit mode is kept).
 
     `ray start --head` turns token authentication on by itself when a token exists (RAY_AUTH_TOKEN,
     RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token, which any local `ray.init()` creates), but a client joining
@@ -46,7 +47,11 @@ def token_auth_env() -> dict[str, str]:
     if os.environ.get("RAY_AUTH_MODE"):
         return {}
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    return {"RAY_AUTH_MODE": "token"} if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path) else {}
+    if os.environ.get("RAY_AUTH_TOKEN") or os.path.exists(path):
+        return {"RAY_AUTH_MODE": "token"}
+    # no token yet: a head started now would generate one and require it while this process's clients
+    # (which read the mode once, before the file exists) stay disabled; run both without tokens instead
+    return {"RAY_AUTH_MODE": "disabled"}
 
 
 def ray_executable() -> str:

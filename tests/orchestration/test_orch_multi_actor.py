@@ -53,7 +53,9 @@ def test_two_learners_two_engines_async(tmp_path, ray_cluster, zero_stage):
             assert ray.get([lr.version.remote() for lr in actors.learners], timeout=60) == [step, step]
             assert ray.get([e.policy_version.remote() for e in actors.engines], timeout=60) == [step, step]
             assert m["rollout/staleness_max"] <= cfg.rollout.async_steps
-            learner_lp = ray.get(actors.learners[0].score.remote(probe_prompt, probe_completion), timeout=60)
+            # every rank scores: under ZeRO-3 the parameter gathers are collectives
+            learner_lp = ray.get([lr.score.remote(probe_prompt, probe_completion) for lr in actors.learners],
+                                 timeout=60)[0]
             for engine in actors.engines:
                 engine_lp = ray.get(engine.score.remote(probe_prompt, probe_completion), timeout=60)
                 assert engine_lp == pytest.approx(learner_lp, abs=1e-5)
