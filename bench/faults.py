@@ -107,6 +107,21 @@ def kill_learner(out: Path, async_steps: int = 1) -> dict[str, Any]:
     return {"survived": ok, "data_lost": data_lost(rd) if ok else None, "stderr": p.stderr[-1500:] if not ok else ""}
 
 
+def kill_learner_exact(out: Path) -> dict[str, Any]:
+    """async_steps=0, seeded sampling: a learner killed during step 5 (restart from step_4) ends with the same
+    weights as an uninterrupted run (float32 CPU, 1e-6)."""
+    from safetensors.torch import load_file
+
+    result = kill_learner(out, async_steps=0)
+    straight = run(train_cmd(out, "straight_async0", 6, "--rollout.async-steps", "0", "--cluster.num-engines", "1"))
+    if not result["survived"] or straight.returncode != 0:
+        return {**result, "survived": False, "stderr": result.get("stderr", "") + straight.stderr[-1500:]}
+    a = load_file(str(out / "straight_async0" / "checkpoints" / "step_6" / "model.safetensors"))
+    b = load_file(str(out / "kill_learner_async0" / "checkpoints" / "step_6" / "model.safetensors"))
+    max_diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    return {**result, "max_weight_diff": max_diff, "survived": result["survived"] and max_diff <= 1e-6}
+
+
 def sigterm(out: Path, during: str = "generation") -> dict[str, Any]:
     """SIGTERM during generation (after step 2) or during a checkpoint write: exit 75, then resume to the end."""
     name = f"sigterm_{during}"
@@ -168,6 +183,7 @@ def corrupt_checkpoint(out: Path) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "kill_engine": kill_engine,
     "kill_learner": kill_learner,
+    "kill_learner_exact": kill_learner_exact,
     "sigterm_generation": lambda out: sigterm(out, "generation"),
     "sigterm_checkpoint": lambda out: sigterm(out, "checkpoint"),
     "hostile_verifiers": hostile_verifiers,

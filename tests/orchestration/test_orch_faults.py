@@ -29,6 +29,12 @@ def test_learner_killed_resumes_from_checkpoint(tmp_path, ray_cluster):
     _check(fault_bench.kill_learner(tmp_path, async_steps=1))
 
 
+def test_learner_killed_on_policy_matches_uninterrupted(tmp_path, ray_cluster):
+    result = fault_bench.kill_learner_exact(tmp_path)
+    assert result["max_weight_diff"] <= 1e-6, result
+    _check(result)
+
+
 def test_sigterm_during_generation(tmp_path, ray_cluster):
     result = fault_bench.sigterm(tmp_path, "generation")
     assert result["exit_on_signal"] == 75
