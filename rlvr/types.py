@@ -116,7 +116,8 @@ class Group:
 
 @dataclass
 class MicroBatch:
-    """Packed rows for one forward/backward pass. Tensors are [num_rows, pack_length] unless noted.
+    """Packed rows for one forward/backward pass. Tensors are [num_rows, T], T <= pack_length (the longest row of
+    the micro-batch, rounded up to the packer's pad multiple), unless noted.
 
     input_ids, position_ids (restart at 0 per sample), advantages (per token, 0 off-loss), old_logprobs
     (engine log-probs, aligned so that position t holds log p(token t | tokens < t)), loss_mask (1 on
