@@ -19,8 +19,9 @@ TINY = ["--num-steps", "2", "--rollout.prompts-per-step", "4", "--generation.num
 
 @pytest.fixture(autouse=True)
 def _restore_auth_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`launch.main` sets RAY_AUTH_MODE in its process when a token exists; undo that after each test."""
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    """`launch.main` sets RAY_AUTH_MODE in its process when it is unset; Ray reads the mode once per process, so
+    pin it to what this test process already uses (conftest: disabled) and restore it after each test."""
+    monkeypatch.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
 
 
 def test_cluster_launch_splits_launch_and_train_flags() -> None:
