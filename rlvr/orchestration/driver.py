@@ -24,7 +24,7 @@ from rlvr import faults
 from rlvr.orchestration.accounting import PromptLedger
 from rlvr.orchestration.health import EngineFailure, EngineWatch, LearnerFailure, StopRequested, describe
 from rlvr.orchestration.checkpoint import RunDir
-from rlvr.orchestration.rollouts import RolloutFeeder, is_stale
+from rlvr.orchestration.rollouts import RolloutFeeder, engine_get, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
 from rlvr.telemetry.logs import get_logger
 from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
@@ -107,12 +107,7 @@ class Trainer:
         load = self.feeder.outstanding_per_engine()
         refs = [e.stats.remote() for e in self.actors.engines]
         for i, ref in enumerate(refs):
-            try:
-                stats = ray.get(ref, timeout=self.cfg.cluster.heartbeat_timeout_s)
-            except ray.exceptions.GetTimeoutError as e:
-                raise EngineFailure(i, f"no heartbeat within {self.cfg.cluster.heartbeat_timeout_s:g}s") from e
-            except ray.exceptions.RayActorError as e:
-                raise EngineFailure(i, f"died: {describe(e)}") from e
+            stats = engine_get(ref, i, self.cfg.cluster.heartbeat_timeout_s)  # dead/unresponsive -> EngineFailure
             reason = self.watch.update(i, float(stats.get("generated_tokens", 0.0)), load[i])
             if reason:
                 raise EngineFailure(i, reason)
@@ -284,14 +279,14 @@ class Trainer:
             return self._sync_ipc(version)
         refs = [lrn.send_weights.remote() for lrn in self.actors.learners]
         recv = [e.receive_weights.remote(version, self.actors.factory.sync_info) for e in self.actors.engines]
+        got = []
         for i, ref in enumerate(recv):
             try:
-                ray.get(ref, timeout=self.timeout)
+                got.append(ray.get(ref, timeout=self.timeout))
             except ray.exceptions.RayActorError as err:
                 ray.cancel(refs[0], force=False)
                 raise EngineFailure(i, f"died during weight sync: {describe(err)}") from err
         sent = self._learner_call(refs, "send_weights")[0]
-        got = ray.get(recv, timeout=self.timeout)
         out = dict(sent)
         out["sync/engine_load_s_max"] = max(g["sync/load_s"] for g in got)
         return out

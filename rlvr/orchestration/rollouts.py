@@ -78,7 +78,7 @@ class RolloutFeeder:
                 self.requeue.extend(self.outstanding.pop(r.prompt_id)[1] for r in reqs)
                 continue
             try:
-                _get(self.engines[i].submit.remote(reqs), i, self.timeout_s)
+                engine_get(self.engines[i].submit.remote(reqs), i, self.timeout_s)
             except EngineFailure as e:
                 failure = e
         if failure is not None:
@@ -88,7 +88,7 @@ class RolloutFeeder:
     def poll(self) -> list[Group]:
         """Complete groups returned by the engines since the last poll (non-blocking on the engines)."""
         refs = [e.poll.remote() for e in self.engines]
-        results = [_get(ref, i, self.timeout_s) for i, ref in enumerate(refs)]
+        results = [engine_get(ref, i, self.timeout_s) for i, ref in enumerate(refs)]
         by_prompt: dict[str, list[Sample]] = defaultdict(list)
         for samples in results:
             for s in samples:
@@ -152,7 +152,7 @@ class RolloutFeeder:
         self.stream.load_state_dict(d["stream"])
 
 
-def _get(ref: Any, engine_index: int, timeout_s: float) -> Any:
+def engine_get(ref: Any, engine_index: int, timeout_s: float) -> Any:
     """ray.get for one engine call: a dead or unresponsive engine becomes an `EngineFailure` naming it."""
     try:
         return ray.get(ref, timeout=timeout_s)
