@@ -10,10 +10,9 @@ need more GPUs than the machine has are reported as skipped. Extra lanes:
 - `standalone`: vLLM's `LLM` alone on the same model dir, prompts (rlvr's own PromptStream), n, max_tokens,
   ignore_eos, logprobs=0, gpu_memory_utilization: one step-sized batch with n=G (plain), the same batch the way
   rlvr submits it (n=1 requests with per-sample seeds), and one 4-step batch (continuous-batching ceiling).
-- `learner`: the exact LearnerWorker.train_batch on a synthetic packed batch of the same shape (random ids,
-  prompt lengths of the real prompts, completions at max-new-tokens), once per `--learner-variants` flag set:
-  the cheap before/after for the MFU knobs (gradient checkpointing, micro_batch_rows, logprob chunk, pack length)
-  without Ray/vLLM start-up, plus an SDPA probe (block-causal mask vs plain causal) at the pack length.
+- `learner`: `bench/gpu_learner.py`'s microbench (the exact LearnerWorker.train_batch on a synthetic packed
+  batch of the same shape), once per `--learner-variants` flag set: the cheap before/after for the MFU knobs
+  without Ray/vLLM start-up, plus an attention probe at the pack length.
 On a machine with >= 2 GPUs the standalone + learner lane runs on the last GPU while `colocate1` runs on GPU 0.
 
 Every rlvr run is `python3 -m rlvr.cli train` in its own process group with RLVR_IGNORE_EOS=1 (fixed workload:
@@ -44,14 +43,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12, "A100": 312e12, "B200": 2250e12}
 DEFAULT_LEARNER_VARIANTS = ";".join([
+    "before=--model.attn-implementation sdpa --learner.fused-head False",
     "base=",
     "no_gc=--model.gradient-checkpointing False",
-    "no_gc_zero0=--model.gradient-checkpointing False --learner.zero-stage 0",
-    "no_gc_chunk4k=--model.gradient-checkpointing False --learner.logprob-chunk-size 4096",
-    "no_gc_mbr2=--model.gradient-checkpointing False --learner.micro-batch-rows 2",
-    "no_gc_pack8k=--model.gradient-checkpointing False --learner.pack-length 8192",
 ])
 _print_lock = threading.Lock()
 
@@ -166,27 +161,7 @@ def tail(path: Path, n: int = 25) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- model facts and MFU
-def model_facts(model_dir: str) -> dict[str, Any]:
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    d, L, inter, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    kv_dim = d // heads * kv
-    per_layer = d * d + 2 * d * kv_dim + d * d + 3 * d * inter  # q, k, v, o, gate/up/down
-    return {"N_matmul": L * per_layer + V * d, "L": L, "d": d, "heads": heads, "kv_heads": kv, "vocab": V}
-
-
-def peak_for(card: str) -> float | None:
-    for key in ("GH200", "H200", "H100", "H800", "A100", "B200"):
-        if key in card:
-            return PEAKS[key]
-    return None
-
-
-def mfu(facts: dict[str, Any], tokens: float, seq_len: float, seconds: float, gpus: int, peak: float | None) -> Any:
-    if not peak or not seconds or not tokens:
-        return None
-    flops = (6 * facts["N_matmul"] + 6 * facts["L"] * facts["d"] * seq_len) * tokens
-    return flops / (seconds * gpus * peak)
+from gpu_learner import PEAKS, mfu, model_facts, peak_for, run_variants  # noqa: E402  (same directory)
 
 
 def gpu_names() -> list[str]:
@@ -349,127 +324,6 @@ def child_standalone(spec: dict[str, Any]) -> None:
         measure("ceiling_4steps", prompts[P:5 * P], SamplingParams(**base, n=G), 4 * P * G)
 
 
-# ----------------------------------------------------------------------------- child: learner microbench
-def child_learner(spec: dict[str, Any]) -> None:
-    import gc
-    import random
-    import socket
-
-    import torch
-
-    from rlvr.algorithms.packing import PackInput, build_packed_batches
-    from rlvr.cli import parse_train_args
-    from rlvr.data import PromptStream
-    from rlvr.learner.worker import LearnerWorker
-    from transformers import AutoTokenizer
-
-    facts, peak, card = spec["facts"], spec["peak"], spec["card"]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    deadline = time.time() + spec["timeout_s"] - 5
-    if device == "cuda":
-        _attn_probe(facts, spec["pack_length"], card)
-    for name, flags in spec["variants"]:
-        if time.time() > deadline - 20:
-            emit({"kind": "learner_microbench", "variant": name, "skipped": "out of time"}, None)
-            continue
-        rec: dict[str, Any] = {"kind": "learner_microbench", "variant": name, "flags": flags, "card": card,
-                               "peak_flops": peak, "device": device}
-        try:
-            cfg = parse_train_args(spec["argv"] + shlex.split(flags)).experiment
-            stream = PromptStream(cfg, tok)
-            plens = [len(stream.next_request().prompt_token_ids) for _ in range(spec["samples"] // cfg.generation.num_samples + 1)]
-            rng = random.Random(0)
-            V, M, G = facts["vocab"], cfg.generation.max_new_tokens, cfg.generation.num_samples
-            inputs = []
-            for i in range(spec["samples"]):
-                pl = plens[i // G]
-                inputs.append(PackInput(i, [rng.randrange(2, V) for _ in range(pl)], [rng.randrange(2, V) for _ in range(M)],
-                                        [-12.0] * M, 1.0 if i % 2 else -1.0))
-            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            pb = build_packed_batches(inputs, pack_length=cfg.learner.pack_length, num_ranks=1,
-                                      micro_batch_rows=cfg.learner.micro_batch_rows, pad_token_id=pad)[0]
-            tokens = sum(x.num_tokens for x in inputs)
-            t = time.perf_counter()
-            w = LearnerWorker(cfg, spec["model_dir"], 0, 1, "127.0.0.1", port, device=device)
-            rec["load_s"] = round(time.perf_counter() - t, 2)
-            if device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            times = []
-            for _ in range(1 + spec["reps"]):  # first call is warm-up
-                _sync(device)
-                t = time.perf_counter()
-                w.train_batch([pb])
-                _sync(device)
-                times.append(time.perf_counter() - t)
-            _sync(device)
-            t = time.perf_counter()
-            w._recompute(w.model, [pb])  # forward-only log-probs (what num_mini_batches > 1 adds per step)
-            _sync(device)
-            fwd = time.perf_counter() - t
-            train_s = mean(times[1:])
-            seq = tokens / len(inputs)
-            rec.update({"samples": len(inputs), "tokens": tokens, "rows": sum(mb.input_ids.shape[0] for mb in pb.micro_batches),
-                        "micro_batches": len(pb.micro_batches), "pack_length": cfg.learner.pack_length,
-                        "micro_batch_rows": cfg.learner.micro_batch_rows,
-                        "gradient_checkpointing": cfg.model.gradient_checkpointing,
-                        "logprob_chunk_size": cfg.learner.logprob_chunk_size,
-                        "attn_implementation": str(getattr(w.model.config, "_attn_implementation", "?")),
-                        "train_s": round(train_s, 3), "train_s_all": [round(x, 3) for x in times],
-                        "tokens_per_s": round(tokens / train_s, 1),
-                        "mfu": rnd(mfu(facts, tokens, seq, train_s, 1, peak), 4),
-                        "forward_logprobs_s": round(fwd, 3),
-                        "forward_mfu": rnd(mfu(facts, tokens, seq, fwd, 1, peak) * 3 if peak else None, 4),
-                        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
-                        "padded_token_efficiency": rnd(pb.metrics.get("perf/padded_token_efficiency", float("nan")), 4),
-                        "packing_efficiency": rnd(pb.metrics.get("perf/packing_efficiency", float("nan")), 4)})
-            del w
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - one variant failing (OOM, bad flag) must not stop the others
-            rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        emit(rec, None)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
-def _attn_probe(facts: dict[str, Any], T: int, card: str) -> None:
-    """SDPA forward+backward of one layer at the pack length: plain causal vs a block-causal bool mask of
-    ~520-token samples (what transformers builds for packed rows without flash-attn), times the layer count."""
-    import torch
-    import torch.nn.functional as F
-
-    try:
-        h, d = facts["heads"], facts["d"] // facts["heads"]
-        q, k, v = (torch.randn(1, h, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        seg = torch.arange(T, device="cuda") // 520
-        pos = torch.arange(T, device="cuda")
-        mask = (seg[:, None] == seg[None, :]) & (pos[:, None] >= pos[None, :])
-        res: dict[str, Any] = {"kind": "attention_probe", "card": card, "T": T, "heads": h, "head_dim": d,
-                               "layers": facts["L"]}
-        for label, kw in (("causal_no_mask", {"is_causal": True}), ("block_mask", {"attn_mask": mask[None, None]})):
-            for i in range(4):
-                if i == 1:
-                    torch.cuda.synchronize()
-                    t = time.perf_counter()
-                F.scaled_dot_product_attention(q, k, v, **kw).sum().backward()
-            torch.cuda.synchronize()
-            res[f"{label}_ms_per_layer"] = round((time.perf_counter() - t) / 3 * 1e3, 3)
-        res["block_mask_ms_per_row_all_layers"] = round(res["block_mask_ms_per_layer"] * facts["L"], 2)
-        emit(res, None)
-    except Exception as e:  # noqa: BLE001
-        emit({"kind": "attention_probe", "error": f"{type(e).__name__}: {str(e)[:300]}"}, None)
-
-
 # ----------------------------------------------------------------------------- lanes
 def lane_standalone_learner(a: argparse.Namespace, gpu: int, model_dir: str, facts: dict, card: str,
                             peak: float | None, deadline: float, out_dir: Path, results: dict) -> None:
@@ -489,7 +343,7 @@ def lane_standalone_learner(a: argparse.Namespace, gpu: int, model_dir: str, fac
         budget = deadline - time.time() if not a.dry_run else a.standalone_timeout_s
         spec = {"argv": learner_argv, "model_dir": model_dir, "card": card, "facts": facts, "peak": peak,
                 "variants": variants, "samples": a.learner_samples, "reps": 1, "timeout_s": budget,
-                "pack_length": 4096}
+                "pack_length": 4096, "shape": a.shape}
         if a.dry_run:
             emit({"kind": "learner_microbench", "gpu": gpu, "spec": {k: v for k, v in spec.items() if k != "facts"}},
                  out_dir / "bench.jsonl")
@@ -552,7 +406,7 @@ def main() -> int:
     a = p.parse_args()
     if a.child:
         spec = json.loads(Path(a.child_spec).read_text())
-        (child_standalone if a.child == "standalone" else child_learner)(spec)
+        (child_standalone if a.child == "standalone" else run_variants)(spec)
         return 0
 
     t_start = time.time()

@@ -34,8 +34,8 @@ fi
 if [ "$WHICH" = 2x ] || [ "$WHICH" = all ]; then
   run gpu2x --config configs/gpu-2x.yaml "${COMMON[@]}" --rollout.prompts-per-step 32 "$@"
 fi
-if [ "$WHICH" = tp2 ]; then  # needs 3+ GPUs: 1 learner + 1 engine with tensor parallelism 2
-  run tp2 --config configs/gpu-2x.yaml "${COMMON[@]}" --cluster.engine-tp 2 --cluster.gpus-per-node 4 \
+if [ "$WHICH" = tp2 ]; then  # 3 GPUs (set CUDA_VISIBLE_DEVICES on bigger hosts): 1 learner + 1 engine of TP 2
+  run tp2 --config configs/gpu-2x.yaml "${COMMON[@]}" --cluster.engine-tp 2 --cluster.gpus-per-node 3 \
       --rollout.prompts-per-step 32 --num-steps "${STEPS:-10}" "$@"
 fi
 python3 - "$OUT" <<'PY' | tee -a "$OUT/e2e.log"

@@ -23,8 +23,9 @@ class ModelConfig:
     """Tokenizer location when it differs from `path`."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Parameter dtype: `auto` = bfloat16 on GPU, float32 on CPU."""
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
-    """Attention kernels: `auto` = flash_attention_2 when installed on GPU, else sdpa."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "torch_varlen"] = "auto"
+    """Learner attention kernels: `auto` = flash_attention_2 when installed on GPU, else `torch_varlen` (torch's
+    own flash varlen kernel over packed rows) on GPU, else sdpa."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (open-instruct always turns it on for GPUs)."""
     chat_template: str | None = None
@@ -239,6 +240,9 @@ class LearnerConfig:
     """Packed rows per micro-batch (forward/backward pass)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing log-probs (never materialise full fp32 logits of a row)."""
+    fused_head: bool = True
+    """lm_head + log-softmax as one autograd function with a closed-form gradient (no logits kept for backward);
+    False = autograd over checkpointed chunks. Entropy bonuses and ZeRO-3 always use the autograd path."""
     max_consecutive_skips: int = 5
     """Stop the run after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
     attention: Literal["auto", "varlen", "mask"] = "auto"

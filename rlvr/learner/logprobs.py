@@ -4,9 +4,10 @@ Alignment (same as `rlvr.algorithms.packing`): out[r, t] = log p(input_ids[r, t]
 before t) under logits / temperature; 0 at each sample's first token (position_ids == 0) and on the first
 token of padding segments.
 
-Memory: the lm_head and log_softmax run over chunks of `chunk_size` positions; under autograd each chunk
-is checkpointed (recomputed in backward), so full-row fp32 logits [T, V] never exist at once, in forward or
-backward. Logits are upcast to fp32 per chunk before log_softmax.
+Memory: the lm_head and log_softmax run over chunks of `chunk_size` positions, so full-row fp32 logits [T, V]
+never exist at once, in forward or backward. Logits are upcast to fp32 per chunk before the softmax. The
+default head path is `rlvr.learner.fused_head` (closed-form gradient, recompute in backward); the autograd
+fallback checkpoints each chunk.
 
 Attention across samples is blocked in one of two ways:
 - "varlen": pass position_ids only (attention_mask None). transformers 5 detects packing from position
@@ -27,6 +28,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.algorithms.packing import block_causal_mask
+from rlvr.learner import attention as attention_impl
+from rlvr.learner.fused_head import fusable, linear_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +49,13 @@ def _hidden_states(
     if attention != "varlen":
         raise ValueError(f"unknown attention path {attention!r}; choose 'varlen' or 'mask'")
     impl = str(getattr(model.config, "_attn_implementation", "") or "")
-    if "flash" in impl and input_ids.shape[0] > 1:
-        rows, length = input_ids.shape
+    rows, length = input_ids.shape
+    if impl == attention_impl.NAME:  # torch's varlen kernel: segments given as cu_seqlens over the flattened rows
+        meta = attention_impl.varlen_metadata(position_ids)
+        out = backbone(input_ids=input_ids.reshape(1, -1), position_ids=position_ids.reshape(1, -1), use_cache=False,
+                       **meta)
+        return out.last_hidden_state.reshape(rows, length, -1)
+    if "flash" in impl and rows > 1:
         out = backbone(input_ids=input_ids.reshape(1, -1), position_ids=position_ids.reshape(1, -1), use_cache=False)
         return out.last_hidden_state.reshape(rows, length, -1)
     out = backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
@@ -77,11 +85,14 @@ def packed_logprobs(
     chunk_size: int = 1024,
     return_entropy: bool = False,
     entropy_requires_grad: bool = False,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [rows, T], entropy [rows, T] or None; fp32, or fp64 for an fp64 model) of `model` on packed rows.
 
     `entropy[r, t]` is the entropy of the distribution that predicted token t (same alignment as logprobs);
     it carries grad only with `entropy_requires_grad` (an entropy bonus is configured).
+    `fused` uses `rlvr.learner.fused_head` (closed-form gradient, no logits kept) where the head allows it
+    (a bias-free Linear, not ZeRO-3-partitioned) and the entropy needs no gradient; else checkpointed chunks.
     """
     if input_ids.shape != position_ids.shape or input_ids.ndim != 2:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and position_ids must both be [rows, T]")
@@ -90,6 +101,14 @@ def packed_logprobs(
     hidden = _hidden_states(model, input_ids, position_ids, attention)[:, :-1]
     targets = input_ids[:, 1:]
     head = model.get_output_embeddings()
+    rows, out_dtype = input_ids.shape[0], torch.promote_types(hidden.dtype, torch.float32)
+    starts = position_ids == 0
+    zeros = hidden.new_zeros(rows, 1, dtype=out_dtype)
+    if fused and fusable(head) and not (return_entropy and entropy_requires_grad):
+        lp, ent = linear_logprobs(hidden, head.weight, targets, temperature, chunk_size)
+        logprobs = torch.cat([zeros, lp], dim=1).masked_fill(starts, 0.0)
+        entropy = torch.cat([zeros, ent], dim=1).masked_fill(starts, 0.0) if return_entropy else None
+        return logprobs, entropy
     use_checkpoint = torch.is_grad_enabled()
     parts, entropy_parts = [], []
     for start in range(0, targets.shape[1], chunk_size):
@@ -103,11 +122,8 @@ def packed_logprobs(
             entropy_parts.append(chunk[..., 1] if entropy_requires_grad else chunk[..., 1].detach())
         else:
             parts.append(chunk)
-    starts = position_ids == 0
-    rows, out_dtype = input_ids.shape[0], torch.promote_types(hidden.dtype, torch.float32)
-    logprobs = torch.cat([hidden.new_zeros(rows, 1, dtype=out_dtype), *parts], dim=1)
-    logprobs = logprobs.masked_fill(starts, 0.0)
+    logprobs = torch.cat([zeros, *parts], dim=1).masked_fill(starts, 0.0)
     if not return_entropy:
         return logprobs, None
-    entropy = torch.cat([hidden.new_zeros(rows, 1, dtype=out_dtype), *entropy_parts], dim=1).masked_fill(starts, 0.0)
+    entropy = torch.cat([zeros, *entropy_parts], dim=1).masked_fill(starts, 0.0)
     return logprobs, entropy

@@ -11,6 +11,7 @@ import math
 import torch
 
 from rlvr.config import ExperimentConfig
+from rlvr.learner import attention
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -23,7 +24,8 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
 
 
 def resolve_attn_implementation(name: str, device: str) -> str:
-    """`auto` = flash_attention_2 on GPU when flash-attn is installed, else sdpa."""
+    """`auto` = flash_attention_2 on GPU when flash-attn is installed, else torch's varlen flash kernel
+    (`torch_varlen`, `rlvr.learner.attention`) on GPU, else sdpa."""
     if name != "auto":
         return name
     if device.startswith("cuda"):
@@ -33,6 +35,10 @@ def resolve_attn_implementation(name: str, device: str) -> str:
             return "flash_attention_2"
         except ImportError:
             pass
+        from rlvr.learner.attention import NAME, kernel_available
+
+        if kernel_available():
+            return NAME
     return "sdpa"
 
 
@@ -41,8 +47,11 @@ def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: boo
     from transformers import AutoModelForCausalLM
 
     dtype = resolve_dtype(cfg.model.dtype, device)
+    impl = resolve_attn_implementation(cfg.model.attn_implementation, device)
+    if impl == attention.NAME:
+        attention.register()
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=resolve_attn_implementation(cfg.model.attn_implementation, device),
+        path, dtype=dtype, attn_implementation=impl,
         trust_remote_code=cfg.model.trust_remote_code)
     model.config.use_cache = False
     for m in model.modules():  # RL fine-tuning runs without dropout (open-instruct, TRL)

@@ -82,7 +82,8 @@ class LearnerWorker:
         return packed_logprobs(model, mb.input_ids.to(self.device), mb.position_ids.to(self.device),
                                temperature=self.cfg.generation.temperature, attention=self._attention(),
                                chunk_size=self.cfg.learner.logprob_chunk_size, return_entropy=with_entropy,
-                               entropy_requires_grad=self.cfg.algorithm.entropy_coef != 0)
+                               entropy_requires_grad=self.cfg.algorithm.entropy_coef != 0,
+                               fused=self.cfg.learner.fused_head)
 
     @torch.no_grad()
     def _recompute(self, model: torch.nn.Module, batches: list[PackedBatch]) -> list[list[torch.Tensor]]:

@@ -1,4 +1,5 @@
-"""packed_logprobs on a tiny random Qwen2: packed rows equal samples run one by one (varlen and mask paths)."""
+"""packed_logprobs on a tiny random Qwen2: packed rows equal samples run one by one (varlen and mask paths,
+transformers' sdpa/eager and rlvr's torch_varlen attention, fused and autograd heads), values and gradients."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import transformers
 
 from rlvr.algorithms.entropy import entropy_from_logits
 from rlvr.algorithms.packing import PackInput, build_packed_batches
+from rlvr.learner import attention
+from rlvr.learner.fused_head import LinearLogprob, fusable
 from rlvr.learner.logprobs import packed_logprobs
 
 
-def _model(impl: str) -> transformers.PreTrainedModel:
+def _model(impl: str, tied: bool = False) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
+    attention.register()
     config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=64)
+                                      num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=tied)
     config._attn_implementation = impl
     return transformers.Qwen2ForCausalLM(config).double().eval()
 
@@ -37,14 +41,15 @@ def _one_by_one(model: transformers.PreTrainedModel, ids: list[int], temperature
     return lp, entropy_from_logits(logits)
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
-@pytest.mark.parametrize("attention", ["varlen", "mask"])
-def test_packed_equals_one_by_one(impl: str, attention: str) -> None:
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize(("impl", "path"), [("sdpa", "varlen"), ("sdpa", "mask"), ("eager", "varlen"),
+                                            ("eager", "mask"), ("torch_varlen", "varlen")])
+def test_packed_equals_one_by_one(impl: str, path: str, fused: bool) -> None:
     model = _model(impl)
     inputs, ids, pos, sids = _batch()
     with torch.no_grad():
-        lp, ent = packed_logprobs(model, ids, pos, temperature=0.7, attention=attention, chunk_size=3,
-                                  return_entropy=True)
+        lp, ent = packed_logprobs(model, ids, pos, temperature=0.7, attention=path, chunk_size=3,  # type: ignore[arg-type]
+                                  return_entropy=True, fused=fused)
     # eager attention runs its softmax in fp32 even for an fp64 model, hence 1e-6 rather than 1e-12
     tol = 1e-12 if impl == "sdpa" else 1e-6
     for item in inputs:
@@ -68,16 +73,23 @@ def test_without_position_restarts_attention_leaks() -> None:
     assert not torch.allclose(good[later], bad[later])
 
 
-def test_gradients_match_one_by_one() -> None:
-    model = _model("sdpa")
+@pytest.mark.parametrize(("impl", "fused", "tied"), [("sdpa", False, False), ("sdpa", True, False),
+                                                     ("sdpa", True, True), ("torch_varlen", True, True)])
+def test_gradients_match_one_by_one(impl: str, fused: bool, tied: bool) -> None:
+    model = _model(impl, tied)
+    assert fusable(model.get_output_embeddings())
     inputs, ids, pos, sids = _batch()
-    lp, _ = packed_logprobs(model, ids, pos, chunk_size=4, attention="varlen")  # checkpointed chunks
-    lp[sids >= 0].sum().backward()
+    lp, _ = packed_logprobs(model, ids, pos, chunk_size=4, attention="varlen", fused=fused)
+    weights = torch.linspace(-1.0, 2.0, lp.numel(), dtype=lp.dtype).reshape(lp.shape)  # per-token upstream grads
+    (lp * weights)[sids >= 0].sum().backward()
     packed = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    total = sum(_one_by_one(model, list(i.prompt_token_ids) + list(i.completion_token_ids), 1.0)[0].sum()
-                for i in inputs)
-    total.backward()
+    total = 0.0
+    for i in inputs:
+        where = sids == i.sample_id
+        lp1 = _one_by_one(model, list(i.prompt_token_ids) + list(i.completion_token_ids), 1.0)[0]
+        total = total + (lp1 * weights[where][1:]).sum()
+    total.backward()  # type: ignore[union-attr]
     for a, p in zip(packed, model.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-9, atol=1e-12)
 
@@ -93,3 +105,53 @@ def test_entropy_grad_flag_and_errors() -> None:
         packed_logprobs(model, ids, pos, attention="flex")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         packed_logprobs(model, ids[0], pos[0])
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_fused_head_matches_autograd_reference(chunk: int) -> None:
+    """LinearLogprob's closed-form gradient == autograd through log_softmax (hidden and weight), any chunking."""
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(13, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(11, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 11, (13,), generator=g)
+    upstream = torch.randn(13, dtype=torch.float64, generator=g)
+    lp, ent = LinearLogprob.apply(hidden, weight, targets, 0.6, chunk)
+    (lp * upstream).sum().backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    logp = torch.log_softmax(hidden @ weight.T / 0.6, -1)
+    ref_lp = logp.gather(-1, targets[:, None])[:, 0]
+    (ref_lp * upstream).sum().backward()
+    torch.testing.assert_close(lp, ref_lp.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1).detach(), rtol=0, atol=1e-12)
+    assert not ent.requires_grad
+    torch.testing.assert_close(got[0], hidden.grad, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[1], weight.grad, rtol=0, atol=1e-12)
+
+
+def test_fused_head_falls_back_for_entropy_grad_and_bias() -> None:
+    assert not fusable(torch.nn.Linear(4, 5, bias=True))
+    model = _model("sdpa")
+    _, ids, pos, _ = _batch()
+    _, ent = packed_logprobs(model, ids, pos, return_entropy=True, entropy_requires_grad=True, fused=True)
+    assert ent is not None and ent.requires_grad  # the entropy bonus needs the autograd path
+
+
+def test_varlen_metadata_segments() -> None:
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0], [3, 4, 0, 1, 2, 3]])  # row 2 starts mid-count: still a new segment
+    meta = attention.varlen_metadata(pos)
+    assert meta["cu_seq_lens_q"].tolist() == [0, 3, 5, 6, 8, 12] and meta["max_length_q"] == 4
+    assert meta["cu_seq_lens_q"].dtype == torch.int32 and meta["cu_seq_lens_k"] is meta["cu_seq_lens_q"]
+
+
+def test_torch_varlen_errors_and_plain_batches() -> None:
+    q = torch.randn(2, 4, 3, 8)
+    meta = attention.varlen_metadata(torch.tensor([[0, 1, 2, 0, 1, 2]]))
+    with pytest.raises(ValueError, match="batch 1"):
+        attention.varlen_attention_forward(torch.nn.Module(), q, q, q, None, **meta)
+    with pytest.raises(ValueError, match="padding masks"):
+        attention.varlen_attention_forward(torch.nn.Module(), q, q, q, torch.ones(2, 1, 3, 3, dtype=torch.bool))
+    # without cu_seqlens each row is one causal sequence (the reference model calls in the tests above rely on it)
+    out, _ = attention.varlen_attention_forward(torch.nn.Module(), q, q, q, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, ref)
