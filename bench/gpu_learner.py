@@ -201,6 +201,8 @@ def run_variants(spec: dict[str, Any]) -> None:
                 w.train_batch([pb])
                 _sync(device)
                 times.append(time.perf_counter() - t)
+            w._recompute(w.model, [pb])  # warm-up (torch.compile builds the inference graphs here)
+            _sync(device)
             t = time.perf_counter()
             w._recompute(w.model, [pb])  # forward-only log-probs (what num_mini_batches > 1 adds per step)
             _sync(device)
@@ -211,7 +213,7 @@ def run_variants(spec: dict[str, Any]) -> None:
                         "micro_batches": len(pb.micro_batches), "pack_length": cfg.learner.pack_length,
                         "micro_batch_rows": cfg.learner.micro_batch_rows, "zero_stage": cfg.learner.zero_stage,
                         "gradient_checkpointing": cfg.model.gradient_checkpointing,
-                        "fused_head": cfg.learner.fused_head, "logprob_chunk_size": cfg.learner.logprob_chunk_size,
+                        "fused_head": cfg.learner.fused_head, "compile": cfg.learner.compile, "logprob_chunk_size": cfg.learner.logprob_chunk_size,
                         "attn_implementation": str(getattr(w.model.config, "_attn_implementation", "?")),
                         "train_s": round(train_s, 3), "train_s_all": [round(x, 3) for x in times],
                         "tokens_per_s": round(tokens / train_s, 1),

@@ -240,6 +240,9 @@ class LearnerConfig:
     """Packed rows per micro-batch (forward/backward pass)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing log-probs (never materialise full fp32 logits of a row)."""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes) and the fused head's elementwise math on GPU: fuses
+    norms, rotary, activations and the softmax passes into few kernels. First steps pay the compile time."""
     fused_head: bool = True
     """lm_head + log-softmax as one autograd function with a closed-form gradient (no logits kept for backward);
     False = autograd over checkpointed chunks. Entropy bonuses and ZeRO-3 always use the autograd path."""

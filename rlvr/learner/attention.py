@@ -16,7 +16,6 @@ so the plumbing (flattening, cu_seqlens, GQA, layouts) is exercised everywhere a
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -25,8 +24,7 @@ import torch.nn.functional as F
 NAME = "torch_varlen"
 
 
-@lru_cache(maxsize=1)
-def _kernel() -> tuple[Any, dict[str, Any], set[str]] | None:
+def _resolve_kernel() -> tuple[Any, dict[str, Any], set[str]] | None:
     """(varlen_attn, causal kwargs for this torch version, its parameter names) or None where torch lacks it."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -37,9 +35,12 @@ def _kernel() -> tuple[Any, dict[str, Any], set[str]] | None:
     return varlen_attn, causal, set(params)
 
 
+_KERNEL = _resolve_kernel()  # at import: torch.compile traces the attention function, not this lookup
+
+
 def kernel_available() -> bool:
     """torch's varlen flash kernel can run here (torch >= 2.10 and a CUDA device)."""
-    return _kernel() is not None and torch.cuda.is_available()
+    return _KERNEL is not None and torch.cuda.is_available()
 
 
 def varlen_metadata(position_ids: torch.Tensor) -> dict[str, Any]:
@@ -74,7 +75,7 @@ def varlen_attention_forward(
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, H, D]
     groups = q.shape[1] // k.shape[1]
     max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
-    kern = _kernel()
+    kern = _KERNEL
     if kern is not None and q.is_cuda:
         fn, causal, params = kern
         extra: dict[str, Any] = {}

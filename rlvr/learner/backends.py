@@ -30,14 +30,22 @@ def total_optimizer_steps(cfg: ExperimentConfig) -> int:
     return cfg.num_steps * cfg.algorithm.num_mini_batches * cfg.algorithm.num_epochs
 
 
+def adamw(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.AdamW:
+    """AdamW; on CUDA the fused kernel (one launch per step instead of foreach ops that allocate
+    parameter-sized temporaries)."""
+    lc = cfg.learner
+    on_cuda = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
+                             weight_decay=lc.weight_decay, fused=True if on_cuda else None)
+
+
 class TorchBackend:
     """AdamW + LambdaLR with gradients summed over ranks by an explicit all-reduce."""
 
     def __init__(self, model: torch.nn.Module, cfg: ExperimentConfig, world_size: int) -> None:
         lc = cfg.learner
         self.model, self.cfg, self.world_size = model, cfg, world_size
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
-                                           weight_decay=lc.weight_decay)
+        self.optimizer = adamw(model, cfg)
         total = total_optimizer_steps(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule))
@@ -103,8 +111,7 @@ class DeepSpeedBackend:
             "wall_clock_breakdown": False,
             "steps_per_print": 10**9,
         }
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
-                                      weight_decay=lc.weight_decay)
+        optimizer = adamw(model, cfg)
         total = total_optimizer_steps(cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule))

@@ -20,6 +20,35 @@ from __future__ import annotations
 import torch
 
 
+def _forward_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logsumexp, log p(target), entropy) of one chunk of lm_head outputs, in fp32 (fp64 for fp64 models)."""
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)).div_(temperature)
+    lse = torch.logsumexp(z, dim=-1)
+    picked = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    p = (z - lse[:, None]).exp_()
+    return lse, picked, lse - p.mul_(z).sum(-1)
+
+
+def _backward_dlogits(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """d loss / d logits = g (onehot(target) - softmax(z)) / temperature, in the logits' dtype."""
+    g = grad.to(lse.dtype)
+    d = logits.to(lse.dtype).div_(temperature)
+    d.sub_(lse[:, None]).exp_().mul_(-g[:, None])
+    d.scatter_add_(-1, targets[:, None], g[:, None])
+    return d.div_(temperature).to(logits.dtype)
+
+
+_kernels = {"forward": _forward_stats, "backward": _backward_dlogits}
+
+
+def compile_kernels(backend: str = "inductor") -> None:
+    """Use torch.compile'd versions of the per-chunk elementwise math (one fused kernel per pass over [c, V])."""
+    _kernels["forward"] = torch.compile(_forward_stats, dynamic=True, backend=backend)
+    _kernels["backward"] = torch.compile(_backward_dlogits, dynamic=True, backend=backend)
+
+
 class LinearLogprob(torch.autograd.Function):
     """(logprobs [n], entropy [n]) of `targets` under softmax(hidden @ weight.T / temperature), chunked."""
 
@@ -33,11 +62,7 @@ class LinearLogprob(torch.autograd.Function):
         lse = hidden.new_empty(n, dtype=out_dtype)
         for s in range(0, n, chunk_size):
             e = min(n, s + chunk_size)
-            z = (hidden[s:e] @ weight.T).to(out_dtype).div_(temperature)
-            lse[s:e] = torch.logsumexp(z, dim=-1)
-            logp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
-            p = (z - lse[s:e, None]).exp_()
-            entropy[s:e] = lse[s:e] - (p.mul_(z)).sum(-1)
+            lse[s:e], logp[s:e], entropy[s:e] = _kernels["forward"](hidden[s:e] @ weight.T, targets[s:e], temperature)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         ctx.mark_non_differentiable(entropy)
@@ -52,11 +77,7 @@ class LinearLogprob(torch.autograd.Function):
         n, t = hidden.shape[0], ctx.temperature
         for s in range(0, n, ctx.chunk_size):
             e = min(n, s + ctx.chunk_size)
-            g = grad_logp[s:e].to(lse.dtype)
-            d = (hidden[s:e] @ weight.T).to(lse.dtype).div_(t)
-            d.sub_(lse[s:e, None]).exp_().mul_(-g[:, None])  # -g * softmax
-            d.scatter_add_(-1, targets[s:e, None], g[:, None])  # + g * onehot
-            d = d.div_(t).to(hidden.dtype)
+            d = _kernels["backward"](hidden[s:e] @ weight.T, lse[s:e], targets[s:e], grad_logp[s:e], t)
             if grad_h is not None:
                 torch.mm(d, weight, out=grad_h[s:e])
             if grad_w is not None:

@@ -61,7 +61,24 @@ def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: boo
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not trainable:
         model.requires_grad_(False).eval()
-    return model.to(device)
+    model = model.to(device)
+    if cfg.learner.compile and device.startswith("cuda"):
+        compile_for_training(model)
+    return model
+
+
+def compile_for_training(model: torch.nn.Module, backend: str = "inductor") -> int:
+    """torch.compile every decoder layer (regional compilation: one graph per layer type, dynamic sequence
+    length) and the fused head's elementwise kernels. Returns the number of layers compiled."""
+    from rlvr.learner import fused_head
+
+    layers = getattr(model.get_decoder() if hasattr(model, "get_decoder") else model, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"learner.compile: {type(model).__name__} has no decoder `layers` list to compile")
+    for layer in layers:
+        layer.compile(dynamic=True, backend=backend)
+    fused_head.compile_kernels(backend)
+    return len(layers)
 
 
 def lr_lambda(step: int, warmup_steps: int, total_steps: int, schedule: str) -> float:

@@ -139,7 +139,7 @@ class LearnerWorker:
 
     def _optimizer_step(self, finite: bool) -> tuple[float, bool]:
         # every rank must agree on skipping, or the collectives of the others would hang
-        flag = torch.tensor([1.0 if finite else 0.0])
+        flag = torch.tensor([1.0 if finite else 0.0], device=self.device)  # NCCL groups take CUDA tensors only
         if self.world_size > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         if flag.item() < 1:
