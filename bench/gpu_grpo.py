@@ -43,11 +43,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-DEFAULT_LEARNER_VARIANTS = ";".join([
-    "before=--model.attn-implementation sdpa --learner.fused-head False",
-    "base=",
-    "no_gc=--model.gradient-checkpointing False",
-])
+from gpu_learner import BEFORE, mfu, model_facts, peak_for, run_variants  # noqa: E402  (same directory)
+DEFAULT_LEARNER_VARIANTS = ";".join([f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"])
 _print_lock = threading.Lock()
 
 
@@ -161,7 +158,6 @@ def tail(path: Path, n: int = 25) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- model facts and MFU
-from gpu_learner import PEAKS, mfu, model_facts, peak_for, run_variants  # noqa: E402  (same directory)
 
 
 def gpu_names() -> list[str]:

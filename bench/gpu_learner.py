@@ -4,11 +4,12 @@ a torch.profiler breakdown of one training step by kernel class. One JSON line p
 
     python3 bench/gpu_learner.py --shapes qwen2.5-0.5b,qwen2.5-1.5b --samples 64 --max-new-tokens 512 \
         --variants "before=--model.attn-implementation sdpa --learner.fused-head False;now=" --profile now
+    (the default --variants compares the learner before the fast path with configs/gpu-2x.yaml as it is)
 
 The batch has the shape of one rlvr step: prompts from the built-in copy4 task (rlvr's own PromptStream),
 completions of exactly --max-new-tokens random tokens, packed with rlvr's packer into --pack-length rows
-(configs/gpu-2x.yaml: DeepSpeed ZeRO-2, bf16, gradient checkpointing, 4096-token rows, unless a variant
-overrides it). The first train_batch is warm-up; the figure is the mean of the next --reps.
+(configs/gpu-2x.yaml: DeepSpeed ZeRO-2, bf16, torch_varlen attention, fused head, compiled layers, no
+activation checkpointing, 16k-token rows, unless a variant overrides it). The first train_batch is warm-up; the figure is the mean of the next --reps.
 MFU = (6 N + 6 L d S) * tokens / (seconds * peak), N = matmul parameters incl. the lm_head, S = mean sample
 length, peak 989e12 (H100/H200 bf16 dense datasheet). Gradient checkpointing's recompute is not counted (MFU,
 not HFU). `forward_mfu` is the forward-only pass (no grad) against its own 2 N + 2 L d S flops per token.
@@ -31,6 +32,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+# the learner as it was before the fast path (sdpa block masks, autograd head, checkpointing, 4k rows)
+BEFORE = "--model.attn-implementation sdpa --learner.fused-head False --learner.compile False --model.gradient-checkpointing True --learner.pack-length 4096"
 PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12, "A100": 312e12, "B200": 2250e12}
 
 
@@ -244,7 +247,7 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
-    p.add_argument("--variants", default="before=--model.attn-implementation sdpa --learner.fused-head False;now=",
+    p.add_argument("--variants", default=f"before={BEFORE};now=",
                    help="';'-separated NAME=FLAGS (rlvr train flags on top of configs/gpu-2x.yaml)")
     p.add_argument("--profile", default="", help="comma-separated variant names to profile once")
     p.add_argument("--samples", type=int, default=64)
