@@ -99,8 +99,8 @@ class EngineActor(_Base):
         """pause -> receive -> load -> version bump -> resume (the engine's update protocol)."""
         t0 = time.perf_counter()
         if self.transport == "nccl":
-            self.engine.receive_weights_nccl(info, version)
-            return {"sync/receive_s": time.perf_counter() - t0, "sync/load_s": 0.0}
+            phases = self.engine.receive_weights_nccl(info, version)  # pause / receive+load / finish seconds
+            return {**phases, "sync/receive_s": time.perf_counter() - t0, "sync/load_s": 0.0}
         named = list(self.sync.receive())
         t1 = time.perf_counter()
         self.engine.load_weights(named, version)

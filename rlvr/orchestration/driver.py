@@ -289,6 +289,10 @@ class Trainer:
         sent = self._learner_call(refs, "send_weights")[0]
         out = dict(sent)
         out["sync/engine_load_s_max"] = max(g["sync/load_s"] for g in got)
+        for key in ("pause_s", "receive_load_s", "finish_s", "engine_total_s", "receive_s"):
+            vals = [g[f"sync/{key}"] for g in got if f"sync/{key}" in g]
+            if vals:  # where an update's time goes on the engines (vLLM pause, transfer+load, resume)
+                out[f"sync/engine_{key.removeprefix('engine_')}_max"] = max(vals)
         return out
 
     def _finish(self, prompt_id: str, state: str) -> None:

@@ -120,6 +120,24 @@ class ActorFactory:
         self.engine_opts = {**base, "num_cpus": c.cpus_per_actor, "num_gpus": c.engine_tp if gpu else 0}
         if gpu and c.colocate:
             self.learner_opts["num_gpus"], self.engine_opts["num_gpus"] = 0.5, 0.5
+        self.colocate_pg: Any = None
+
+    def colocated_options(self, opts: dict[str, Any], index: int) -> dict[str, Any]:
+        """Colocated on GPUs: learner i and engine i share bundle i ({GPU: 1}) of one placement group, so each
+        GPU hosts one learner rank and one engine. Without it Ray may pack two 0.5-GPU learners onto one GPU,
+        and NCCL refuses two ranks on one device."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        c = self.cfg.cluster
+        if not (self.device.startswith("cuda") and c.colocate):
+            return opts
+        if self.colocate_pg is None:
+            bundles = [{"GPU": 1, "CPU": 2 * c.cpus_per_actor} for _ in range(max(c.num_learners, c.num_engines))]
+            self.colocate_pg = ray.util.placement_group(bundles, strategy="PACK", name="rlvr-colocated")
+            ray.get(self.colocate_pg.ready(), timeout=c.actor_timeout_s)
+        return {**opts, "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            self.colocate_pg, placement_group_bundle_index=index)}
 
     def learners(self) -> list:
         import ray
@@ -127,7 +145,8 @@ class ActorFactory:
         from rlvr.orchestration.actors import LearnerActor
 
         c, timeout = self.cfg.cluster, self.cfg.cluster.actor_timeout_s
-        learners = [LearnerActor.options(**self.learner_opts).remote() for _ in range(c.num_learners)]
+        learners = [LearnerActor.options(**self.colocated_options(self.learner_opts, r)).remote()
+                    for r in range(c.num_learners)]
         addr, port = ray.get(learners[0].address.remote(), timeout=timeout)  # rank 0 hosts the rendezvous
         ray.get([a.setup.remote(self.cfg, self.model_dir, r, c.num_learners, addr, port, self.device)
                  for r, a in enumerate(learners)], timeout=timeout)
@@ -152,6 +171,7 @@ class ActorFactory:
             ray.get(pg.ready(), timeout=self.cfg.cluster.actor_timeout_s)
             self.placement_groups[index] = pg
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+        opts = self.colocated_options(opts, index)
         return EngineActor.options(**opts).remote(self.cfg, self.model_dir, index, self.device, version)
 
     def release(self) -> None:
@@ -160,6 +180,9 @@ class ActorFactory:
         for pg in self.placement_groups.values():
             ray.util.remove_placement_group(pg)
         self.placement_groups.clear()
+        if self.colocate_pg is not None:
+            ray.util.remove_placement_group(self.colocate_pg)
+            self.colocate_pg = None
 
     def verifiers(self) -> list:
         from rlvr.orchestration.actors import VerifierActor
