@@ -37,7 +37,7 @@ BEFORE = "--model.attn-implementation sdpa --learner.fused-head False --learner.
 PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12, "A100": 312e12, "B200": 2250e12}
 
 
-def emit(obj: dict[str, Any], out_file: Path | None = None) -> None:
+def emit(obj: dict[str, Any], out_file: Path | str | None = None) -> None:
     line = json.dumps(obj, default=str)
     print(line, flush=True)
     if out_file is not None:
@@ -155,7 +155,31 @@ def profile_step(worker: Any, pb: Any) -> dict[str, Any]:
 
 
 def run_variants(spec: dict[str, Any]) -> None:
-    """Every variant of spec["variants"] on one model dir; emits one `learner_microbench` line each."""
+    """Every variant of spec["variants"] on one model dir; emits one `learner_microbench` line each.
+
+    Each variant runs in its own process (spec["isolate"], default on): DeepSpeed engines are not freed by
+    `del`, and in one process the third 1.5B variant ran out of memory on an 80 GB GPU."""
+    if spec.get("isolate", True) and len(spec["variants"]) > 1:
+        import subprocess
+        import tempfile
+
+        deadline = time.time() + spec["timeout_s"]
+        for i, variant in enumerate(spec["variants"]):
+            left = deadline - time.time()
+            if left < 25:
+                emit({"kind": "learner_microbench", "variant": variant[0], "skipped": "out of time"}, spec.get("out"))
+                continue
+            child = {**spec, "variants": [list(variant)], "isolate": False, "timeout_s": left,
+                     "attention_probe": spec.get("attention_probe", True) and i == 0,
+                     "out": str(spec["out"]) if spec.get("out") else None}
+            with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+                json.dump(child, f)
+            try:
+                subprocess.run([sys.executable, str(Path(__file__).resolve()), "--variant-spec", f.name],
+                               timeout=left + 10, check=False)
+            except subprocess.TimeoutExpired:
+                emit({"kind": "learner_microbench", "variant": variant[0], "error": "timed out"}, spec.get("out"))
+        return
     import torch
     from transformers import AutoTokenizer
 
@@ -256,7 +280,11 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=400.0, help="per shape")
     p.add_argument("--out", default=None, help="append the JSON lines to this file too")
+    p.add_argument("--variant-spec", help=argparse.SUPPRESS)  # one isolated variant (run_variants' child)
     a = p.parse_args()
+    if a.variant_spec:
+        run_variants(json.loads(Path(a.variant_spec).read_text()))
+        return 0
     import torch
 
     from rlvr.data import builtin_corpus
@@ -271,7 +299,8 @@ def main() -> int:
         run_variants({"argv": train_argv(model_dir, a.max_new_tokens, a.group_size), "model_dir": model_dir,
                       "card": card, "facts": facts, "peak": peak_for(card), "variants": parse_variants(a.variants),
                       "samples": a.samples, "reps": a.reps, "timeout_s": a.budget_s, "pack_length": 4096,
-                      "shape": shape, "profile": [x for x in a.profile.split(",") if x], "out": out})
+                      "shape": shape, "profile": [x for x in a.profile.split(",") if x],
+                      "out": str(out) if out else None})
     return 0
 
 

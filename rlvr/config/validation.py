@@ -61,6 +61,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _require(lr.warmup_steps >= 0 and lr.max_grad_norm >= 0, "--learner.warmup-steps and "
              "--learner.max-grad-norm must be >= 0")
     _require(lr.micro_batch_rows >= 1, "--learner.micro-batch-rows must be >= 1")
+    _require(not (lr.attention == "mask" and cfg.model.attn_implementation in ("torch_varlen", "flash_attention_2")),
+             f"--learner.attention mask passes a block-diagonal mask, which --model.attn-implementation "
+             f"{cfg.model.attn_implementation} does not take: use --model.attn-implementation sdpa (or eager), "
+             "or --learner.attention varlen")
     _require(not (lr.offload_params and lr.zero_stage != 3),
              f"--learner.offload-params needs --learner.zero-stage 3 (got stage {lr.zero_stage})")
     _require(not (lr.backend == "torch" and lr.zero_stage != 0),

@@ -23,12 +23,13 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def resolve_attn_implementation(name: str, device: str) -> str:
+def resolve_attn_implementation(name: str, device: str, packed_attention: str = "auto") -> str:
     """`auto` = flash_attention_2 on GPU when flash-attn is installed, else torch's varlen flash kernel
-    (`torch_varlen`, `rlvr.learner.attention`) on GPU, else sdpa."""
+    (`torch_varlen`, `rlvr.learner.attention`) on GPU, else sdpa; sdpa whenever learner.attention is `mask`
+    (explicit block-diagonal masks)."""
     if name != "auto":
         return name
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and packed_attention != "mask":
         try:
             import flash_attn  # noqa: F401
 
@@ -47,7 +48,7 @@ def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: boo
     from transformers import AutoModelForCausalLM
 
     dtype = resolve_dtype(cfg.model.dtype, device)
-    impl = resolve_attn_implementation(cfg.model.attn_implementation, device)
+    impl = resolve_attn_implementation(cfg.model.attn_implementation, device, cfg.learner.attention)
     if impl == attention.NAME:
         attention.register()
     model = AutoModelForCausalLM.from_pretrained(

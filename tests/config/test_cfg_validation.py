@@ -60,6 +60,8 @@ def test_yaml_scientific_string_is_a_number():
     ({"algorithm": {"loss": "gspo", "aggregation": "token-mean"}}, r"gspo is a sequence-level loss"),
     ({"num_steps": 0}, r"--num-steps must be >= 1"),
     ({"cluster": {"device": "cuda", "colocate": True, "engine_tp": 2}}, r"colocate supports --cluster.engine-tp 1"),
+    ({"learner": {"attention": "mask"}, "model": {"attn_implementation": "torch_varlen"}},
+     r"attention mask passes a block-diagonal mask, which --model.attn-implementation torch_varlen"),
 ])
 def test_impossible_values(sections, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -176,3 +176,11 @@ def test_compiled_layers_and_head_match_eager(monkeypatch) -> None:
     torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=1e-12)
     for a, b in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_auto_attention_resolution() -> None:
+    from rlvr.learner.model import resolve_attn_implementation
+
+    assert resolve_attn_implementation("auto", "cpu") == "sdpa"
+    assert resolve_attn_implementation("eager", "cuda") == "eager"
+    assert resolve_attn_implementation("auto", "cuda", "mask") == "sdpa"  # explicit masks need a mask-taking kernel
