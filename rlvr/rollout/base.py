@@ -24,7 +24,10 @@ Invariants every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -92,3 +95,68 @@ class GenerationEngine(Protocol):
     def shutdown(self) -> None:
         """Stop background work and free the model; idempotent."""
         ...
+
+
+def wait_until(cond: threading.Condition, predicate: Callable[[], bool], deadline: float | None,
+               check: Callable[[], None], what: str) -> None:
+    """Wait on `cond` (held by the caller) until predicate() holds; `check()` raises when the engine failed or
+    shut down; TimeoutError names `what` once `deadline` (time.monotonic) passes."""
+    while not predicate():
+        check()
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(f"{what} timed out")
+        cond.wait(1.0 if remaining is None else min(remaining, 1.0))
+
+
+class GroupBook:
+    """An engine's prompt bookkeeping behind `submit` / `poll` / `generate` / `abort_all`: prompt uids,
+    finished groups (for `poll`, or for the `generate` call waiting on that uid) and uids aborted while a
+    `generate` waits. Every method expects the caller to hold `cond`, the engine's own condition."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self.cond = cond
+        self.outbox: list[Sample] = []
+        self.waiting: dict[int, list[Sample] | None] = {}
+        self.aborted: set[int] = set()
+        self._uids = itertools.count()
+
+    def new_uids(self, n: int, wait: bool) -> list[int]:
+        """n fresh uids; with `wait` a `generate` call will collect their groups."""
+        uids = [next(self._uids) for _ in range(n)]
+        if wait:
+            self.waiting.update({u: None for u in uids})
+        return uids
+
+    def file(self, uid: int, group: list[Sample]) -> None:
+        """A prompt's finished group goes to its waiting `generate` call, else to the outbox."""
+        if uid in self.waiting:
+            self.waiting[uid] = group
+        else:
+            self.outbox.extend(group)
+        self.cond.notify_all()
+
+    def take(self) -> list[Sample]:
+        """Everything filed for `poll` since the last take."""
+        out, self.outbox = self.outbox, []
+        return out
+
+    def abort(self, uids: Iterable[int]) -> None:
+        """Dropped prompts: wake the `generate` calls waiting on any of them."""
+        self.aborted.update(u for u in uids if u in self.waiting)
+        self.cond.notify_all()
+
+    def collect(self, requests: list[PromptRequest], uids: list[int], deadline: float,
+                check: Callable[[], None], engine_id: int) -> list[Sample]:
+        """Block until each uid's group is filed or aborted; samples in request order, then sample_index
+        order. EngineError if any was aborted; `check` as in `wait_until`."""
+        try:
+            wait_until(self.cond, lambda: all(self.waiting.get(u) is not None or u in self.aborted for u in uids),
+                       deadline, check, f"engine {engine_id}: generate()")
+        finally:
+            results = [self.waiting.pop(u, None) for u in uids]
+            aborted = [r.prompt_id for r, u in zip(requests, uids, strict=True) if u in self.aborted]
+            self.aborted.difference_update(uids)
+        if aborted:
+            raise EngineError(f"engine {engine_id}: generate() prompts were aborted: {aborted}")
+        return [s for group in results for s in group or []]

@@ -23,18 +23,17 @@ Locks and invariants:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.rollout.base import EngineError
+from rlvr.rollout.base import EngineError, GroupBook, wait_until
 from rlvr.rollout.kv_batch import RunningBatch, Sequence
 from rlvr.rollout.sampling import (
     check_finish,
@@ -103,10 +102,7 @@ class TransformersEngine:
         self._update_lock = threading.Lock()
         self._cond = threading.Condition()
         self._queue: deque[_Job] = deque()
-        self._outbox: list[Sample] = []
-        self._waiting: dict[int, list[Sample] | None] = {}
-        self._aborted: set[int] = set()
-        self._uids = itertools.count()
+        self._book = GroupBook(self._cond)
         self._user_paused = False
         self._num_updates_in_progress = 0
         self._num_running = 0
@@ -131,8 +127,7 @@ class TransformersEngine:
         """Samples of prompts completed since the last poll, whole groups in sample_index order."""
         with self._cond:
             self._raise_if_failed()
-            out, self._outbox = self._outbox, []
-        return out
+            return self._book.take()
 
     def pause(self) -> None:
         with self._cond:
@@ -155,7 +150,8 @@ class TransformersEngine:
                 self._num_updates_in_progress += 1
             try:
                 if not self.inflight_updates:
-                    self._wait_until(lambda: self._num_running == 0, deadline=None)
+                    with self._cond:
+                        wait_until(self._cond, lambda: self._num_running == 0, None, self._check_alive, "drain")
                 with self._model_lock, torch.no_grad():
                     num_loaded = copy_named_tensors(self._require_model(), named_tensors)
                     with self._cond:
@@ -188,16 +184,8 @@ class TransformersEngine:
     def generate(self, requests: list[PromptRequest], timeout_s: float = 600) -> list[Sample]:
         """Submit and wait for exactly these prompts; samples in request order, then sample_index order."""
         uids = self._enqueue(requests, wait=True)
-        try:
-            self._wait_until(lambda: self._generate_ready(uids), deadline=time.monotonic() + timeout_s)
-        finally:
-            with self._cond:
-                results = [self._waiting.pop(uid, None) for uid in uids]
-                aborted = [req.prompt_id for req, uid in zip(requests, uids, strict=True) if uid in self._aborted]
-                self._aborted.difference_update(uids)
-        if aborted:
-            raise EngineError(f"engine {self.engine_id}: generate() prompts were aborted: {aborted}")
-        return [sample for group in results for sample in group or []]
+        with self._cond:
+            return self._book.collect(requests, uids, time.monotonic() + timeout_s, self._check_alive, self.engine_id)
 
     def stats(self) -> dict[str, float]:
         """Gauges and counters; tokens_per_s is generated tokens over time spent in decode steps."""
@@ -229,8 +217,7 @@ class TransformersEngine:
             self._batch.clear()
             self._num_running = 0
             self._num_cached_tokens = 0
-            self._aborted.update(uid for uid in jobs if uid in self._waiting)
-            self._cond.notify_all()
+            self._book.abort(jobs)
         return [job.request.prompt_id for job in jobs.values()]
 
     def shutdown(self) -> None:
@@ -251,30 +238,17 @@ class TransformersEngine:
             self._raise_if_failed()
             if self._stopping:
                 raise EngineError(f"engine {self.engine_id} is shut down")
-            uids = [next(self._uids) for _ in requests]
+            uids = self._book.new_uids(len(requests), wait)
             for uid, req in zip(uids, requests, strict=True):
-                if wait:
-                    self._waiting[uid] = None
                 self._queue.append(_Job(uid, req))
             self._cond.notify_all()
         return uids
 
-    def _generate_ready(self, uids: list[int]) -> bool:
-        if any(uid in self._aborted for uid in uids):
-            return True
-        return all(self._waiting.get(uid) is not None for uid in uids)
-
-    def _wait_until(self, predicate: Callable[[], bool], deadline: float | None) -> None:
-        """Wait on `_cond` until predicate() holds; raise on worker failure, shutdown or deadline."""
-        with self._cond:
-            while not predicate():
-                self._raise_if_failed()
-                if self._stopping:
-                    raise EngineError(f"engine {self.engine_id} shut down while waiting")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"engine {self.engine_id}: timed out waiting for generation")
-                self._cond.wait(timeout=1.0 if remaining is None else min(remaining, 1.0))
+    def _check_alive(self) -> None:
+        """For waits under `_cond`: raise when the worker failed or the engine shut down."""
+        self._raise_if_failed()
+        if self._stopping:
+            raise EngineError(f"engine {self.engine_id} shut down while waiting")
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -388,9 +362,5 @@ class TransformersEngine:
             self._cond.notify_all()
 
     def _file(self, job: _Job) -> None:
-        group = [job.done[i] for i in range(job.request.num_samples)]
-        if job.uid in self._waiting:
-            self._waiting[job.uid] = group
-        else:
-            self._outbox.extend(group)
+        self._book.file(job.uid, [job.done[i] for i in range(job.request.num_samples)])
         self._counters["completed_prompts"] += 1

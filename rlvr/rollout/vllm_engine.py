@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 import torch
 
 from rlvr.config import ExperimentConfig
-from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError
+from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError, GroupBook
 from rlvr.rollout.sampling import validate_request
 from rlvr.types import FinishReason, PromptRequest, Sample
 from rlvr.types import SamplingParams as RlvrSamplingParams
@@ -148,10 +148,7 @@ class VLLMEngine:
         self._cond = threading.Condition(self._lock)
         self._queue: deque[_Job] = deque()  # touched on the loop thread only
         self._running: dict[int, _Job] = {}  # touched on the loop thread only
-        self._outbox: list[Sample] = []
-        self._waiting: dict[int, list[Sample] | None] = {}
-        self._aborted: set[int] = set()
-        self._uids = itertools.count()
+        self._book = GroupBook(self._cond)
         self._rids = itertools.count()
         self._user_paused = False
         self._updating = False
@@ -212,8 +209,7 @@ class VLLMEngine:
         """Samples of prompts completed since the last poll, whole groups in sample_index order."""
         with self._lock:
             self._raise_if_failed()
-            out, self._outbox = self._outbox, []
-        return out
+            return self._book.take()
 
     def pause(self) -> None:
         """Stop admitting queued prompts; requests already in vLLM keep running."""
@@ -260,24 +256,8 @@ class VLLMEngine:
     def generate(self, requests: list[PromptRequest], timeout_s: float = 600) -> list[Sample]:
         """Submit and wait for exactly these prompts; samples in request order, then sample_index order."""
         uids = self._enqueue(requests, wait=True)
-        deadline = time.monotonic() + timeout_s
         with self._cond:
-            try:
-                while not all(self._waiting.get(u) is not None or u in self._aborted for u in uids):
-                    self._raise_if_failed()
-                    if self._stopped:
-                        raise EngineError(f"engine {self.engine_id} shut down while generating")
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError(f"engine {self.engine_id}: generate() timed out after {timeout_s}s")
-                    self._cond.wait(min(remaining, 1.0))
-            finally:
-                results = [self._waiting.pop(u, None) for u in uids]
-                aborted = [r.prompt_id for r, u in zip(requests, uids, strict=True) if u in self._aborted]
-                self._aborted.difference_update(uids)
-        if aborted:
-            raise EngineError(f"engine {self.engine_id}: generate() prompts were aborted: {aborted}")
-        return [s for group in results for s in group or []]
+            return self._book.collect(requests, uids, time.monotonic() + timeout_s, self._check_alive, self.engine_id)
 
     def stats(self) -> dict[str, float]:
         """Counters and gauges; running/waiting/kv_usage are vLLM's scheduler figures (latest step)."""
@@ -478,9 +458,7 @@ class VLLMEngine:
             self._raise_if_failed()
             if self._stopped:
                 raise EngineError(f"engine {self.engine_id} is shut down")
-            uids = [next(self._uids) for _ in requests]
-            if wait:
-                self._waiting.update({u: None for u in uids})
+            uids = self._book.new_uids(len(requests), wait)
         jobs = [_Job(u, r) for u, r in zip(uids, requests, strict=True)]
         self._loop.call_soon_threadsafe(self._admit, jobs)
         return uids
@@ -566,13 +544,8 @@ class VLLMEngine:
             if len(job.done) < job.request.num_samples:
                 return
             self._running.pop(job.uid, None)
-            group = [job.done[i] for i in range(job.request.num_samples)]
-            if job.uid in self._waiting:
-                self._waiting[job.uid] = group
-            else:
-                self._outbox.extend(group)
             self._counters["completed_prompts"] += 1
-            self._cond.notify_all()
+            self._book.file(job.uid, [job.done[i] for i in range(job.request.num_samples)])
 
     async def _abort_all(self) -> list[str]:
         jobs = list(self._running.values()) + list(self._queue)
@@ -584,8 +557,7 @@ class VLLMEngine:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         with self._cond:
-            self._aborted.update(job.uid for job in jobs if job.uid in self._waiting)
-            self._cond.notify_all()
+            self._book.abort(job.uid for job in jobs)
         return [job.request.prompt_id for job in jobs]
 
     async def _score(self, ids: list[int], prompt_len: int) -> list[float]:
@@ -606,6 +578,12 @@ class VLLMEngine:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise EngineError(f"engine {self.engine_id} failed: {self._error!r}") from self._error
+
+    def _check_alive(self) -> None:
+        """For waits under `_cond`: raise when the engine failed or shut down."""
+        self._raise_if_failed()
+        if self._stopped:
+            raise EngineError(f"engine {self.engine_id} shut down while generating")
 
 
 def _default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None:
