@@ -43,28 +43,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from gpu_learner import BEFORE, mfu, model_facts, peak_for, run_variants  # noqa: E402  (same directory)
+from gpu_learner import BEFORE, emit, mfu, model_facts, peak_for, rnd, run_variants  # noqa: E402  (same directory)
 DEFAULT_LEARNER_VARIANTS = ";".join([f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"])
-_print_lock = threading.Lock()
-
-
-def emit(obj: dict[str, Any], out_file: Path | None) -> None:
-    line = json.dumps(obj, default=_json_default)
-    with _print_lock:
-        print(line, flush=True)
-        if out_file is not None:
-            with open(out_file, "a") as f:
-                f.write(line + "\n")
-
-
-def _json_default(o: Any) -> Any:
-    return str(o)
-
-
-def rnd(x: Any, n: int = 4) -> Any:
-    if isinstance(x, float):
-        return None if math.isnan(x) or math.isinf(x) else round(x, n)
-    return x
 
 
 # ----------------------------------------------------------------------------- configurations

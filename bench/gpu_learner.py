@@ -21,10 +21,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import random
 import shlex
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,12 +39,24 @@ BEFORE = "--model.attn-implementation sdpa --learner.fused-head False --learner.
 PEAKS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "H800": 989e12, "A100": 312e12, "B200": 2250e12}
 
 
+_print_lock = threading.Lock()
+
+
 def emit(obj: dict[str, Any], out_file: Path | str | None = None) -> None:
+    """One JSON line to stdout (and appended to out_file); whole lines even from several threads."""
     line = json.dumps(obj, default=str)
-    print(line, flush=True)
-    if out_file is not None:
-        with open(out_file, "a") as f:
-            f.write(line + "\n")
+    with _print_lock:
+        print(line, flush=True)
+        if out_file is not None:
+            with open(out_file, "a") as f:
+                f.write(line + "\n")
+
+
+def rnd(x: Any, n: int = 4) -> Any:
+    """Rounded float; None for NaN/inf (JSON has neither)."""
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else round(x, n)
+    return x
 
 
 def model_facts(model_dir: str) -> dict[str, Any]:
@@ -244,11 +258,11 @@ def run_variants(spec: dict[str, Any]) -> None:
                         "attn_implementation": str(getattr(w.model.config, "_attn_implementation", "?")),
                         "train_s": round(train_s, 3), "train_s_all": [round(x, 3) for x in times],
                         "tokens_per_s": round(tokens / train_s, 1),
-                        "mfu": _r(mfu(facts, tokens, seq, train_s, 1, peak)),
-                        "forward_logprobs_s": round(fwd, 3), "forward_mfu": _r(mfu(facts, tokens, seq, fwd, 1, peak, 2)),
+                        "mfu": rnd(mfu(facts, tokens, seq, train_s, 1, peak)),
+                        "forward_logprobs_s": round(fwd, 3), "forward_mfu": rnd(mfu(facts, tokens, seq, fwd, 1, peak, 2)),
                         "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
-                        "padding_waste": _r(1 - pb.metrics.get("perf/padded_token_efficiency", float("nan"))),
-                        "packing_efficiency": _r(pb.metrics.get("perf/packing_efficiency", float("nan")))})
+                        "padding_waste": rnd(1 - pb.metrics.get("perf/padded_token_efficiency", float("nan"))),
+                        "packing_efficiency": rnd(pb.metrics.get("perf/packing_efficiency", float("nan")))})
             if device == "cuda" and name in spec.get("profile", []):
                 emit({**profile_step(w, pb), "shape": spec.get("shape"), "variant": name, "card": card}, spec.get("out"))
             del w
@@ -258,10 +272,6 @@ def run_variants(spec: dict[str, Any]) -> None:
         if device == "cuda":
             torch.cuda.empty_cache()
         emit(rec, spec.get("out"))
-
-
-def _r(x: Any, n: int = 4) -> Any:
-    return round(x, n) if isinstance(x, float) and x == x else x
 
 
 def parse_variants(text: str) -> list[tuple[str, str]]:

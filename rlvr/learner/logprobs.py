@@ -36,11 +36,16 @@ logger = logging.getLogger(__name__)
 AttentionPath = Literal["varlen", "mask"]
 
 
+def decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """The causal LM's decoder stack (no lm_head): what runs the layers and returns hidden states."""
+    return model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+
+
 def _hidden_states(
     model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, attention: AttentionPath
 ) -> torch.Tensor:
     """Final hidden states [rows, T, H] from the model's decoder (no lm_head)."""
-    backbone = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+    backbone = decoder(model)
     if attention == "mask":
         dtype = next(model.parameters()).dtype
         mask = block_causal_mask(position_ids, dtype=dtype)

@@ -72,8 +72,9 @@ def compile_for_training(model: torch.nn.Module, backend: str = "inductor") -> i
     """torch.compile every decoder layer (regional compilation: one graph per layer type, dynamic sequence
     length) and the fused head's elementwise kernels. Returns the number of layers compiled."""
     from rlvr.learner import fused_head
+    from rlvr.learner.logprobs import decoder
 
-    layers = getattr(model.get_decoder() if hasattr(model, "get_decoder") else model, "layers", None)
+    layers = getattr(decoder(model), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise ValueError(f"learner.compile: {type(model).__name__} has no decoder `layers` list to compile")
     for layer in layers:
