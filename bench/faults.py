@@ -84,14 +84,35 @@ def data_lost(run_dir: Path, num_samples: int = 4) -> int:
     return overlap + len(pulled ^ expected)
 
 
+def why(run_dir: Path, *procs: subprocess.CompletedProcess | tuple[int, str]) -> dict[str, Any]:
+    """What a failed scenario needs to be diagnosed from a CI log: exit codes, the run's warnings and errors
+    (events.log), per-step engine restarts, and each driver's last traceback (Ray's log lines come after it)."""
+    codes, tracebacks = [], []
+    for p in procs:
+        code, err = (p.returncode, p.stderr) if isinstance(p, subprocess.CompletedProcess) else p
+        codes.append(code)
+        if "Traceback" in err:
+            tracebacks.append(err[err.rindex("Traceback"):][:2500])
+    events = run_dir / "events.log"
+    noted = [ln[:400] for ln in events.read_text().splitlines() if " E [" in ln or " W [" in ln] if events.exists() else []
+    restarts = ([m.get("health/engine_restarts") for m in metrics(run_dir)]
+                if (run_dir / "metrics.jsonl").exists() else None)
+    return {"exit_codes": codes, "events": noted[-20:], "engine_restarts": restarts, "tracebacks": tracebacks,
+            "stderr_tail": [p.stderr[-600:] if isinstance(p, subprocess.CompletedProcess) else p[1][-600:]
+                            for p in procs]}
+
+
 # ----------------------------------------------------------------------------------------------- scenarios
-def kill_engine(out: Path) -> dict[str, Any]:
-    """An engine actor is killed before step 3: replaced, re-synced, its prompts re-queued; the run finishes."""
-    p = run(train_cmd(out, "kill_engine", 5, "--rollout.async-steps", "1", "--cluster.num-engines", "2"),
-            env={"RLVR_INJECT_FAULTS": "kill_engine@3"})
-    rd = out / "kill_engine"
+def kill_engine(out: Path, at: str = "collect") -> dict[str, Any]:
+    """An engine actor is killed before step 3 (`at="collect"`: found dead while collecting rollouts) or just
+    before step 3's weight sync (`at="sync"`: found dead by the sync): replaced, re-synced, its prompts
+    re-queued; the run finishes with one engine restart."""
+    name = "kill_engine" if at == "collect" else "kill_engine_sync"
+    p = run(train_cmd(out, name, 5, "--rollout.async-steps", "1", "--cluster.num-engines", "2"),
+            env={"RLVR_INJECT_FAULTS": f"{name}@3"})
+    rd = out / name
     ok = p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 1
-    return {"survived": ok, "data_lost": data_lost(rd) if ok else None, "stderr": p.stderr[-1500:] if not ok else ""}
+    return {"survived": ok, "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, p)})}
 
 
 def kill_learner(out: Path, async_steps: int = 1) -> dict[str, Any]:
@@ -104,7 +125,7 @@ def kill_learner(out: Path, async_steps: int = 1) -> dict[str, Any]:
     ok = p.returncode == 0 and "restarting the run from its last complete checkpoint" in events
     steps = [m["step"] for m in metrics(rd) if "loss/total" in m] if ok else []
     ok = ok and steps == [1, 2, 3, 4, 5, 6]
-    return {"survived": ok, "data_lost": data_lost(rd) if ok else None, "stderr": p.stderr[-1500:] if not ok else ""}
+    return {"survived": ok, "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, p)})}
 
 
 def kill_learner_exact(out: Path) -> dict[str, Any]:
@@ -115,7 +136,7 @@ def kill_learner_exact(out: Path) -> dict[str, Any]:
     result = kill_learner(out, async_steps=0)
     straight = run(train_cmd(out, "straight_async0", 6, "--rollout.async-steps", "0", "--cluster.num-engines", "1"))
     if not result["survived"] or straight.returncode != 0:
-        return {**result, "survived": False, "stderr": result.get("stderr", "") + straight.stderr[-1500:]}
+        return {**result, "survived": False, "why_straight": why(out / "straight_async0", straight)}
     a = load_file(str(out / "straight_async0" / "checkpoints" / "step_6" / "model.safetensors"))
     b = load_file(str(out / "kill_learner_async0" / "checkpoints" / "step_6" / "model.safetensors"))
     max_diff = max(float((a[k] - b[k]).abs().max()) for k in a)
@@ -140,7 +161,7 @@ def sigterm(out: Path, during: str = "generation") -> dict[str, Any]:
     steps = [m["step"] for m in metrics(rd) if "loss/total" in m]
     ok = first_ok and p.returncode == 0 and steps == [1, 2, 3, 4, 5]
     return {"survived": ok, "exit_on_signal": code, "data_lost": data_lost(rd) if ok else None,
-            "stderr": (err + p.stderr)[-1500:] if not ok else ""}
+            **({} if ok else {"why": why(rd, (code, err), p)})}
 
 
 def hostile_verifiers(out: Path) -> dict[str, Any]:
@@ -161,7 +182,7 @@ def hostile_verifiers(out: Path) -> dict[str, Any]:
     crashes = sum(x.get("reward/pool/crashes", 0) for x in m)
     ok = p.returncode == 0 and timeouts > 0 and crashes > 0
     return {"survived": ok, "timeouts": timeouts, "crashes": crashes,
-            "data_lost": data_lost(rd) if ok else None, "stderr": p.stderr[-1500:] if not ok else ""}
+            "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, p)})}
 
 
 def corrupt_checkpoint(out: Path) -> dict[str, Any]:
@@ -177,11 +198,12 @@ def corrupt_checkpoint(out: Path) -> dict[str, Any]:
     ok = (first.returncode == 0 and p.returncode == 0 and "skipping checkpoint" in events
           and "resumed from" in events and "step_2" in events.split("resumed from")[-1].splitlines()[0])
     return {"survived": ok, "data_lost": data_lost(rd) if ok else None,
-            "stderr": (first.stderr + p.stderr)[-1500:] if not ok else ""}
+            **({} if ok else {"why": why(rd, first, p)})}
 
 
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "kill_engine": kill_engine,
+    "kill_engine_sync": lambda out: kill_engine(out, "sync"),
     "kill_learner": kill_learner,
     "kill_learner_exact": kill_learner_exact,
     "sigterm_generation": lambda out: sigterm(out, "generation"),

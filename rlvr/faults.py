@@ -4,6 +4,10 @@
 The driver calls `due(name, step)` at its injection points; each entry fires once per process.
 Learner-side faults (`nan_loss@v`) are read by the learner worker from the same variable, which the
 actor factory forwards to actors through Ray's runtime_env.
+
+Names: `kill_engine@s` (engine 0 killed before step s collects), `kill_engine_sync@s` (killed just before
+step s's weight sync), `kill_learner@s` (learner rank 0 killed during step s), `slow_checkpoint@s` (the
+checkpoint of step s is written slowly, to signal during it), `nan_loss@v` (learner, policy version v).
 """
 
 from __future__ import annotations

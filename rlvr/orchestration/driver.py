@@ -155,7 +155,7 @@ class Trainer:
             except EngineFailure as e:
                 self._replace_engine(e)
                 continue
-            if not self.pending and not self.feeder.outstanding:
+            if not self.pending and not self.feeder.outstanding and not self.feeder.arrived:
                 if self.feeder.exhausted or pulls >= max_pulls or self.budget <= 0:
                     break
             groups, self.pending = self.pending, []
@@ -238,6 +238,8 @@ class Trainer:
         self.step += 1
         self.budget += self.cfg.rollout.prompts_per_step  # the next step's worth may now be generated
         self.finish_eval()  # an overlapped eval must see the previous weights only
+        if faults.due("kill_engine_sync", self.step):
+            ray.kill(self.actors.engines[0])
         try:
             sync = self.sync_weights(self.step)
         except EngineFailure as e:  # the group is broken for everyone: rebuilt with the replacement
@@ -432,7 +434,7 @@ class Trainer:
             groups, m = self._collect()
             if groups:
                 break
-            if self.feeder.exhausted and not self.feeder.outstanding and not self.pending:
+            if self.feeder.exhausted and not (self.feeder.outstanding or self.feeder.arrived or self.pending):
                 logger.info("training data exhausted at step %d", self.step)
                 return None
             logger.warning("step %d: no informative group among the resolved prompts; collecting again", self.step + 1)

@@ -36,6 +36,9 @@ class RolloutFeeder:
         self.exhausted = False
         self.eval_samples: list[Sample] = []
         self.pulled_this_step = 0
+        # complete groups taken from living engines by a poll that then raised for a dead one: handed out by the
+        # next poll (an engine's poll() is destructive, so dropping them would strand their prompts)
+        self.arrived: list[Group] = []
 
     @property
     def capacity(self) -> int:
@@ -86,9 +89,18 @@ class RolloutFeeder:
         return n
 
     def poll(self) -> list[Group]:
-        """Complete groups returned by the engines since the last poll (non-blocking on the engines)."""
+        """Complete groups returned by the engines since the last poll (non-blocking on the engines).
+
+        Every engine is asked; when one is dead or silent the groups the others returned are kept (`arrived`)
+        for the next poll and the first failure is raised."""
         refs = [e.poll.remote() for e in self.engines]
-        results = [engine_get(ref, i, self.timeout_s) for i, ref in enumerate(refs)]
+        results: list[list[Sample]] = []
+        failure: EngineFailure | None = None
+        for i, ref in enumerate(refs):
+            try:
+                results.append(engine_get(ref, i, self.timeout_s))
+            except EngineFailure as e:
+                failure = failure or e
         by_prompt: dict[str, list[Sample]] = defaultdict(list)
         for samples in results:
             for s in samples:
@@ -96,12 +108,15 @@ class RolloutFeeder:
                     self.eval_samples.append(s)
                     continue
                 by_prompt[s.prompt_id].append(s)
-        groups = []
+        groups, self.arrived = self.arrived, []
         for pid, samples in by_prompt.items():
             if pid not in self.outstanding:
                 continue  # an aborted request that finished anyway: already re-queued elsewhere
             del self.outstanding[pid]
             groups.append(Group(prompt_id=pid, samples=sorted(samples, key=lambda s: s.sample_index)))
+        if failure is not None:
+            self.arrived = groups
+            raise failure
         return groups
 
     def outstanding_per_engine(self) -> list[int]:
@@ -114,17 +129,21 @@ class RolloutFeeder:
         """Poll until `min_groups` complete groups arrived; `on_idle` runs between polls (health, signals)."""
         groups: list[Group] = []
         last_check = time.time()
-        while len(groups) < min_groups:
-            groups += self.poll()
-            if on_idle is not None and time.time() - last_check > 0.5:
-                on_idle()
-                last_check = time.time()
-            if len(groups) >= min_groups:
-                break
-            if time.time() > deadline:
-                raise TimeoutError(f"no rollouts within --rollout.timeout-s {self.timeout_s}: "
-                                   f"{len(self.outstanding)} prompts outstanding on {len(self.engines)} engines")
-            time.sleep(0.005)
+        try:
+            while len(groups) < min_groups:
+                groups += self.poll()
+                if on_idle is not None and time.time() - last_check > 0.5:
+                    on_idle()
+                    last_check = time.time()
+                if len(groups) >= min_groups:
+                    break
+                if time.time() > deadline:
+                    raise TimeoutError(f"no rollouts within --rollout.timeout-s {self.timeout_s}: {len(self.outstanding)}"
+                                       f" prompts outstanding on {len(self.engines)} engines")
+                time.sleep(0.005)
+        except EngineFailure:
+            self.arrived = groups + self.arrived  # what arrived before the failure is not lost with it
+            raise
         return groups
 
     def requeue_from(self, engine_index: int) -> list[str]:

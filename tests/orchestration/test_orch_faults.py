@@ -21,8 +21,9 @@ def _check(result: dict) -> None:
     assert result["data_lost"] == 0, result
 
 
-def test_engine_killed_mid_run(tmp_path, ray_cluster):
-    _check(fault_bench.kill_engine(tmp_path))
+@pytest.mark.parametrize("at", ["collect", "sync"])
+def test_engine_killed_mid_run(tmp_path, ray_cluster, at):
+    _check(fault_bench.kill_engine(tmp_path, at))
 
 
 def test_learner_killed_resumes_from_checkpoint(tmp_path, ray_cluster):
