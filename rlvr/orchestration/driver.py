@@ -1,8 +1,9 @@
 """The training loop: generate -> score -> advantages -> filter -> pack -> train -> sync -> log -> eval -> checkpoint.
 
 Reads like the algorithm; the policies live in small components: `RolloutFeeder` (in-flight prompts and
-staleness), `PromptLedger` (accounting), `rlvr.algorithms` (math), `RunDir` (checkpoints). Every `ray.get`
-has a timeout; an actor that dies raises here with its traceback and fails the run.
+staleness), `PromptLedger` (accounting), `WeightUpdater` (learners -> engines), `rlvr.algorithms` (math),
+`RunDir` (checkpoints). Every `ray.get` has a timeout; an actor that dies raises here with its traceback and
+fails the run.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from rlvr.algorithms.shaping import ShapingConfig, shape_group
 from rlvr.config import ExperimentConfig
 from rlvr import faults
 from rlvr.orchestration.accounting import PromptLedger
-from rlvr.orchestration.health import EngineFailure, EngineWatch, LearnerFailure, StopRequested, describe
+from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, describe
 from rlvr.orchestration.checkpoint import RunDir
 from rlvr.orchestration.rollouts import RolloutFeeder, engine_get, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
+from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
 from rlvr.telemetry.logs import get_logger
 from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
 from rlvr.types import Group, PackedBatch
@@ -55,7 +57,7 @@ class Trainer:
                                        cfg.algorithm.advantage_eps)
         a = cfg.algorithm
         self.failures: list[dict[str, Any]] = []
-        self.engines_asleep = False
+        self.weights = WeightUpdater(actors, self.timeout)
         self.eval_inflight: dict[str, Any] | None = None
         # submissions still allowed: (async_steps + 1) * B to start, B more per trained step, one more per stale
         # drop (and per filtered group under active sampling): the bound that keeps staleness <= async_steps
@@ -130,7 +132,7 @@ class Trainer:
         self.feeder.engines = self.actors.engines
         self.watch.reset(i)
         self.actors.factory.connect_weight_sync(self.actors)
-        self.sync_weights(self.step)
+        self.weights.sync(self.step)
         self.failures.append({"step": self.step, "actor": f"engine {i}", "reason": failure.reason,
                               "requeued_prompts": len(requeued)})
         logger.info("engine %d replaced at version %d; %d prompts re-queued", i, self.step, len(requeued))
@@ -227,13 +229,12 @@ class Trainer:
 
     def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
         t0 = time.perf_counter()
-        if self.actors.factory.transport == "ipc":  # colocated: give the learner the GPU memory
-            self._engines("sleep", 1)
-            self.engines_asleep = True
+        if self.weights.colocated:  # give the learner the GPU memory
+            self.weights.sleep_engines()
         if faults.due("kill_learner", self.step + 1):
             ray.kill(self.actors.learners[0])
-        outs = self._learner_call([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
-                                  "train_batch")
+        outs = learner_get([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
+                           "train_batch", self.timeout)
         t1 = time.perf_counter()
         self.step += 1
         self.budget += self.cfg.rollout.prompts_per_step  # the next step's worth may now be generated
@@ -241,7 +242,7 @@ class Trainer:
         if faults.due("kill_engine_sync", self.step):
             ray.kill(self.actors.engines[0])
         try:
-            sync = self.sync_weights(self.step)
+            sync = self.weights.sync(self.step)
         except EngineFailure as e:  # the group is broken for everyone: rebuilt with the replacement
             self._replace_engine(e)
             sync = {}
@@ -249,52 +250,6 @@ class Trainer:
         out.update(sync)
         out["time/train"] = t1 - t0
         out["time/sync"] = time.perf_counter() - t1
-        return out
-
-    def _learner_call(self, refs: list, what: str) -> list:
-        try:
-            return ray.get(refs, timeout=self.timeout)
-        except ray.exceptions.GetTimeoutError as e:
-            raise LearnerFailure(0, f"{what} did not finish within --cluster.actor-timeout-s {self.timeout:g}") from e
-        except ray.exceptions.RayActorError as e:
-            index = next((i for i, r in enumerate(refs) if _failed(r)), 0)
-            raise LearnerFailure(index, f"died during {what}: {describe(e)}") from e
-
-    def _engines(self, method: str, *args: Any) -> list:
-        return ray.get([getattr(e, method).remote(*args) for e in self.actors.engines], timeout=self.timeout)
-
-    def _sync_ipc(self, version: int) -> dict[str, float]:
-        """Colocated: wake the weights, stream CUDA IPC chunks, finish, then bring the KV cache back."""
-        if self.engines_asleep:
-            self._engines("wake_up", ["weights"])
-        self._engines("begin_weight_update")
-        sent = self._learner_call([lrn.send_weights.remote(self.actors.engines, version)
-                                   for lrn in self.actors.learners], "send_weights")[0]
-        self._engines("finish_weight_update", version)
-        if self.engines_asleep:
-            self._engines("wake_up", ["kv_cache"])
-            self.engines_asleep = False
-        return dict(sent)
-
-    def sync_weights(self, version: int) -> dict[str, float]:
-        if self.actors.factory.transport == "ipc":
-            return self._sync_ipc(version)
-        refs = [lrn.send_weights.remote() for lrn in self.actors.learners]
-        recv = [e.receive_weights.remote(version, self.actors.factory.sync_info) for e in self.actors.engines]
-        got = []
-        for i, ref in enumerate(recv):
-            try:
-                got.append(ray.get(ref, timeout=self.timeout))
-            except ray.exceptions.RayActorError as err:
-                ray.cancel(refs[0], force=False)
-                raise EngineFailure(i, f"died during weight sync: {describe(err)}") from err
-        sent = self._learner_call(refs, "send_weights")[0]
-        out = dict(sent)
-        out["sync/engine_load_s_max"] = max(g["sync/load_s"] for g in got)
-        for key in ("pause_s", "receive_load_s", "finish_s", "engine_total_s", "receive_s"):
-            vals = [g[f"sync/{key}"] for g in got if f"sync/{key}" in g]
-            if vals:  # where an update's time goes on the engines (vLLM pause, transfer+load, resume)
-                out[f"sync/engine_{key.removeprefix('engine_')}_max"] = max(vals)
         return out
 
     def _finish(self, prompt_id: str, state: str) -> None:
@@ -357,8 +312,8 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         tmp = self.run_dir.tmp_checkpoint(self.step)
         state = tmp / "trainer_state"
-        self._learner_call([lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners],
-                           "save")
+        learner_get([lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners], "save",
+                    self.timeout)
         if faults.due("slow_checkpoint", self.step):
             time.sleep(5.0)  # fault injection: a signal or kill lands in the middle of the write
         with open(state / "driver.pkl", "wb") as f:
@@ -377,7 +332,7 @@ class Trainer:
         self.pending = []  # groups collected ahead of the checkpoint are regenerated (their ids are in flight)
         for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
             truncate_after_step(self.run_dir.path(name), self.step)
-        self.sync_weights(self.step)
+        self.weights.sync(self.step)
         logger.info("resumed from %s at step %d", ckpt, self.step)
 
     def _log(self, metrics: dict[str, float], groups: list[Group]) -> None:
@@ -489,12 +444,3 @@ def _source_drops(stream: Any) -> dict[str, int]:
     c = getattr(stream, "counters", {}) or {}
     return {"dropped_too_long": int(c.get("dropped_too_long", 0)), "skipped_bad_row": int(c.get("skipped_bad_row", 0))}
 
-
-def _failed(ref: Any) -> bool:
-    try:
-        ray.get(ref, timeout=0)
-        return False
-    except ray.exceptions.GetTimeoutError:
-        return False
-    except Exception:  # noqa: BLE001 - probing which call failed
-        return True
