@@ -115,6 +115,22 @@ def kill_engine(out: Path, at: str = "collect") -> dict[str, Any]:
     return {"survived": ok, "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, p)})}
 
 
+def kill_engine_eval(out: Path) -> dict[str, Any]:
+    """An engine is killed while the eval of step 2 (overlapped with step 3's rollouts) and that of the last
+    step (blocking) generate: the first is dropped with a warning, the last runs again on the replacement; the
+    run ends with 2 restarts, evals of steps 4 and 5, and no prompt lost."""
+    name = "kill_engine_eval"
+    p = run(train_cmd(out, name, 5, "--rollout.async-steps", "1", "--cluster.num-engines", "2",
+                      "--eval.every-n-steps", "2", "--eval.overlap", "True", "--eval.max-prompts", "4"),
+            env={"RLVR_INJECT_FAULTS": f"{name}@2,{name}@5"})
+    rd = out / name
+    evals = ([json.loads(line)["step"] for line in (rd / "eval.jsonl").read_text().splitlines() if line.strip()]
+             if (rd / "eval.jsonl").exists() else [])
+    ok = p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 2 and evals == [4, 5]
+    return {"survived": ok, "evals": evals, "data_lost": data_lost(rd) if ok else None,
+            **({} if ok else {"why": why(rd, p)})}
+
+
 def kill_learner(out: Path, async_steps: int = 1) -> dict[str, Any]:
     """Learner rank 0 is killed during step 5: the run restarts from checkpoint step_4 and finishes."""
     name = f"kill_learner_async{async_steps}"
@@ -204,6 +220,7 @@ def corrupt_checkpoint(out: Path) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "kill_engine": kill_engine,
     "kill_engine_sync": lambda out: kill_engine(out, "sync"),
+    "kill_engine_eval": kill_engine_eval,
     "kill_learner": kill_learner,
     "kill_learner_exact": kill_learner_exact,
     "sigterm_generation": lambda out: sigterm(out, "generation"),

@@ -262,13 +262,18 @@ class Trainer:
         step's weights, because the next weight sync first waits for them (`finish_eval`)."""
         if not self.eval_requests:
             return
-        n = len(self.actors.engines)
-        for e, part in zip(self.actors.engines, [self.eval_requests[i::n] for i in range(n)]):
-            if part:
-                ray.get(e.submit.remote(part), timeout=self.timeout)
         self.feeder.eval_samples = []
         self.eval_inflight = {"step": self.step, "t0": time.perf_counter(),
                               "expected": sum(r.num_samples for r in self.eval_requests)}
+        n = len(self.actors.engines)
+        try:
+            for i, (e, part) in enumerate(zip(self.actors.engines, [self.eval_requests[i::n] for i in range(n)])):
+                if part:
+                    engine_get(e.submit.remote(part), i, self.timeout)
+        except EngineFailure as e:
+            self._replace_engine(e)  # drops this eval; the run goes on
+        if faults.due("kill_engine_eval", self.step):
+            ray.kill(self.actors.engines[0])
 
     def finish_eval(self) -> dict[str, float]:
         """Wait for the eval in flight, score it, write eval.jsonl (at the step whose weights it used)."""
@@ -276,8 +281,16 @@ class Trainer:
         if ev is None:
             return {}
         deadline = time.time() + self.cfg.rollout.timeout_s
-        while len(self.feeder.eval_samples) < ev["expected"]:
-            groups = self.feeder.poll()  # training groups arriving meanwhile are kept for the next step
+
+        def ours() -> list:  # not a late sample of an eval dropped at an earlier step (its engine failed)
+            return [smp for smp in self.feeder.eval_samples if smp.version_start == ev["step"]]
+
+        while len(ours()) < ev["expected"]:
+            try:
+                groups = self.feeder.poll()  # training groups arriving meanwhile are kept for the next step
+            except EngineFailure as e:
+                self._replace_engine(e)  # drops this eval; the run goes on
+                return {}
             if groups:
                 self._score(groups)
                 self.pending.extend(groups)
@@ -286,7 +299,7 @@ class Trainer:
             time.sleep(0.005)
         self.eval_inflight = None
         groups: dict[str, Group] = {}
-        for smp in self.feeder.eval_samples:
+        for smp in ours():
             groups.setdefault(smp.prompt_id, Group(prompt_id=smp.prompt_id, samples=[])).samples.append(smp)
         glist = sorted(groups.values(), key=lambda g: g.prompt_id)
         for g in glist:
@@ -305,9 +318,13 @@ class Trainer:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Blocking eval with the current weights."""
-        self.start_eval()
-        return self.finish_eval()
+        """Blocking eval with the current weights (run again on the replacement if an engine fails during it)."""
+        for _attempt in range(2):
+            self.start_eval()
+            metrics = self.finish_eval()
+            if metrics or not self.eval_requests:
+                return metrics
+        return {}
 
     def save_checkpoint(self) -> Path:
         tmp = self.run_dir.tmp_checkpoint(self.step)
@@ -416,7 +433,6 @@ class Trainer:
         for v in ray.get([v.metrics.remote() for v in self.actors.verifiers], timeout=self.timeout):
             for k, val in v.items():
                 m[k] = m.get(k, 0.0) + val
-        m["health/engine_restarts"] = float(self.engine_restarts)
         wall = time.perf_counter() - t_step
         num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
         num_workers = len(self.actors.learners) + len(self.actors.engines)
@@ -429,6 +445,7 @@ class Trainer:
                 self.start_eval()  # logged to eval.jsonl when done, before the next weight sync
             else:
                 m.update(self.evaluate())
+        m["health/engine_restarts"] = float(self.engine_restarts)  # after the eval, which may replace one
         self._log(m, groups)
         every = cfg.checkpoint.every_n_steps
         if (every and self.step % every == 0) or (self.step == cfg.num_steps and cfg.checkpoint.save_final):

@@ -55,3 +55,9 @@ def test_hanging_and_segfaulting_verifiers(tmp_path):
 
 def test_corrupt_newest_checkpoint_falls_back(tmp_path, ray_cluster):
     _check(fault_bench.corrupt_checkpoint(tmp_path))
+
+
+def test_engine_killed_during_evals(tmp_path, ray_cluster):
+    result = fault_bench.kill_engine_eval(tmp_path)
+    assert result["evals"] == [4, 5], result
+    _check(result)
