@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end GPU runs of `rlvr train` (Qwen2.5-shaped random-weight models, no hub): 1 learner + 1 vLLM engine on
 # two GPUs with async_steps=1, and colocated on one GPU. Needs the gpu-stack bundle unpacked in $SITE.
-#   bash scripts/gpu_e2e.sh [2x|colocate|all] [extra rlvr flags]
+#   bash scripts/gpu_e2e.sh [2x|colocate|all|tp2|multi2|split4] [extra rlvr flags]
+# multi2 (2 GPUs) and split4 (4 GPUs) train with 2 DeepSpeed learner ranks: ZeRO-2 and ZeRO-3 over NCCL.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SITE="${SITE:-/tmp/site}"
@@ -37,6 +38,17 @@ fi
 if [ "$WHICH" = tp2 ]; then  # 3 GPUs (set CUDA_VISIBLE_DEVICES on bigger hosts): 1 learner + 1 engine of TP 2
   run tp2 --config configs/gpu-2x.yaml "${COMMON[@]}" --cluster.engine-tp 2 --cluster.gpus-per-node 3 \
       --rollout.prompts-per-step 32 --num-steps "${STEPS:-10}" "$@"
+fi
+if [ "$WHICH" = multi2 ]; then  # 2 GPUs: learner i and engine i colocated on GPU i, ZeRO-3 over 2 ranks
+  run multi2_zero3 --config configs/gpu-1x-colocate.yaml "${COMMON[@]}" --cluster.num-learners 2 \
+      --cluster.num-engines 2 --cluster.gpus-per-node 2 --learner.zero-stage 3 --rollout.prompts-per-step 16 \
+      --num-steps "${STEPS:-5}" "$@"
+fi
+if [ "$WHICH" = split4 ]; then  # 4 GPUs: 2 learners + 2 engines, ZeRO-2 then ZeRO-3
+  for z in 2 3; do
+    run "split4_zero$z" --config configs/gpu-2x.yaml "${COMMON[@]}" --cluster.num-learners 2 --cluster.num-engines 2 \
+        --cluster.gpus-per-node 4 --learner.zero-stage "$z" --rollout.prompts-per-step 32 --num-steps "${STEPS:-5}" "$@"
+  done
 fi
 python3 - "$OUT" <<'PY' | tee -a "$OUT/e2e.log"
 import json, sys, glob, os
