@@ -234,6 +234,9 @@ class LearnerConfig:
     """DeepSpeed optimizer-state offload to CPU."""
     offload_params: bool = False
     """DeepSpeed parameter offload to CPU (ZeRO-3)."""
+    zero3_gather_mb: float = 1024.0
+    """ZeRO-3: parameters gathered at a time for the weight sync (MB of weights); no rank holds the whole model
+    for it. Smaller lowers peak memory and costs more collectives."""
     pack_length: int = 4096
     """Tokens per packed row; must hold max prompt + max completion."""
     micro_batch_rows: int = 1

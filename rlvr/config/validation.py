@@ -65,6 +65,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
              f"--learner.attention mask passes a block-diagonal mask, which --model.attn-implementation "
              f"{cfg.model.attn_implementation} does not take: use --model.attn-implementation sdpa (or eager), "
              "or --learner.attention varlen")
+    _require(lr.zero3_gather_mb > 0, f"--learner.zero3-gather-mb must be > 0 (got {lr.zero3_gather_mb})")
     _require(not (lr.offload_params and lr.zero_stage != 3),
              f"--learner.offload-params needs --learner.zero-stage 3 (got stage {lr.zero_stage})")
     _require(not (lr.backend == "torch" and lr.zero_stage != 0),

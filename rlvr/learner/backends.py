@@ -77,6 +77,13 @@ class TorchBackend:
     def gathered(self) -> Iterator[torch.nn.Module]:
         yield self.model
 
+    def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, p in self.model.named_parameters():
+            yield name, p.detach()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return None  # the module's own state_dict is already whole
+
     def save(self, path: Path) -> None:
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
                    path / "optimizer.pt")
@@ -137,14 +144,55 @@ class DeepSpeedBackend:
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[torch.nn.Module]:
+        """The whole model, gathered on every rank under ZeRO-3 (a collective: enter it on all ranks)."""
         if self.cfg.learner.zero_stage == 3:
             with self._deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
                 yield self.model
         else:
             yield self.model
 
+    def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) in `named_parameters` order. Under ZeRO-3 parameters are gathered in buckets of
+        `learner.zero3_gather_mb` (collectives: iterate on every rank, to the end), never the whole model at
+        once, so a model much larger than one GPU's free memory can still be synced. With `copy` each tensor is
+        cloned inside its gather: the gathered storage is released (and may be reused) when the bucket closes,
+        and senders may hold tensors past that point (the pattern of DeepSpeed's own
+        `_zero3_consolidated_16bit_state_dict`, which copies layer by layer)."""
+        named = list(self.model.named_parameters())
+        if self.cfg.learner.zero_stage != 3:
+            for name, p in named:
+                yield name, p.detach()
+            return
+        limit = max(1, int(self.cfg.learner.zero3_gather_mb * 2**20))
+        for bucket in _gather_buckets(named, limit):
+            with self._deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
+                for name, p in bucket:
+                    yield name, (p.detach().clone() if copy else p.detach())
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """ZeRO-3: the whole state dict on rank 0's CPU, gathered one module at a time (all ranks must call);
+        None otherwise (the module's own state_dict is whole)."""
+        if self.cfg.learner.zero_stage != 3:
+            return None
+        return self.engine._zero3_consolidated_16bit_state_dict()  # noqa: SLF001 - what accelerate uses
+
     def save(self, path: Path) -> None:
         self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", save_latest=False)
 
     def load(self, path: Path) -> None:
         self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
+
+
+def _gather_buckets(named: list[tuple[str, torch.nn.Parameter]], limit: int) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """Consecutive parameters whose full sizes (ZeRO-3 `ds_numel`, else numel) add up to at most `limit` bytes;
+    a larger parameter gets a bucket of its own."""
+    buckets: list[list[tuple[str, torch.nn.Parameter]]] = []
+    size = limit
+    for name, p in named:
+        nbytes = int(getattr(p, "ds_numel", p.numel())) * p.element_size()
+        if size + nbytes > limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, p))
+        size += nbytes
+    return buckets

@@ -159,10 +159,9 @@ class LearnerWorker:
         return grad_norm, ok
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) in one fixed order; ZeRO-3 gathers happen on every rank (call on all ranks)."""
-        with self.backend.gathered() as model:
-            for name, p in model.named_parameters():
-                yield name, p.detach()
+        """(HF name, tensor) in one fixed order; ZeRO-3 gathers (in buckets) happen on every rank: iterate it to
+        the end on all ranks. Rank 0, the sender, gets tensors it may keep; the others only drain it."""
+        yield from self.backend.named_weights(copy=self.rank == 0)
 
     @torch.no_grad()
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:
@@ -186,16 +185,16 @@ class LearnerWorker:
         self.backend.save(p)
         torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "version": self.version,
                     "skipped": self.num_skipped_steps}, p / f"rng_rank{self.rank}.pt")
-        with self.backend.gathered() as model:
-            if self.rank == 0 and hf_dir:
-                model.save_pretrained(hf_dir, safe_serialization=True)
-                if tokenizer_dir:
-                    from transformers import AutoTokenizer, GenerationConfig
+        full = self.backend.full_state_dict()  # ZeRO-3: gathered module by module onto rank 0's CPU
+        if self.rank == 0 and hf_dir:
+            self.backend.model.save_pretrained(hf_dir, safe_serialization=True, state_dict=full)
+            if tokenizer_dir:
+                from transformers import AutoTokenizer, GenerationConfig
 
-                    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-                    tok.save_pretrained(hf_dir)
-                    gen = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-                    gen.save_pretrained(hf_dir)
+                tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+                tok.save_pretrained(hf_dir)
+                gen = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                gen.save_pretrained(hf_dir)
 
     def load(self, path: str, hf_dir: str) -> None:
         """Restore weights from `hf_dir` and optimizer/scheduler/RNG state from `path`."""

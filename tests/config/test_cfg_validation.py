@@ -56,6 +56,7 @@ def test_yaml_scientific_string_is_a_number():
     ({"rollout": {"backend": "vllm"}, "cluster": {"device": "cpu"}}, r"vllm needs GPUs"),
     ({"learner": {"backend": "torch", "zero_stage": 3}}, r"needs --learner.backend deepspeed"),
     ({"learner": {"backend": "deepspeed", "zero_stage": 2, "offload_params": True}}, r"offload-params needs"),
+    ({"learner": {"zero3_gather_mb": 0}}, r"zero3-gather-mb must be > 0"),
     ({"data": {"datasets": ["a", "b"], "weights": [1.0]}}, r"weights has 1 entries"),
     ({"algorithm": {"loss": "gspo", "aggregation": "token-mean"}}, r"gspo is a sequence-level loss"),
     ({"num_steps": 0}, r"--num-steps must be >= 1"),

@@ -65,7 +65,8 @@ DEEPSPEED_2_RANKS = ["--learner.backend", "deepspeed", "--cluster.num-learners",
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("learner", [[], DEEPSPEED_2_RANKS + ["2"], DEEPSPEED_2_RANKS + ["3"]],
+@pytest.mark.parametrize("learner", [[], DEEPSPEED_2_RANKS + ["2"],
+                                     DEEPSPEED_2_RANKS + ["3", "--learner.zero3-gather-mb", "0.01"]],
                          ids=["torch", "deepspeed-zero2-2ranks", "deepspeed-zero3-2ranks"])
 def test_resume_is_exact_on_policy(tmp_path, ray_cluster, learner):
     """SIGKILL after step 3's checkpoint, resume: the same losses and final weights as an uninterrupted run (ZeRO-3
