@@ -74,7 +74,7 @@ class TorchBackend:
         return float(self.scheduler.get_last_lr()[0])
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[torch.nn.Module]:
+    def gathered(self, modify: bool = False) -> Iterator[torch.nn.Module]:
         yield self.model
 
     def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -143,10 +143,12 @@ class DeepSpeedBackend:
         return float(self.scheduler.get_last_lr()[0])
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[torch.nn.Module]:
-        """The whole model, gathered on every rank under ZeRO-3 (a collective: enter it on all ranks)."""
+    def gathered(self, modify: bool = False) -> Iterator[torch.nn.Module]:
+        """The whole model, gathered on every rank under ZeRO-3 (a collective: enter it on all ranks). With
+        `modify`, rank 0's values are re-partitioned on exit; without it changes made inside are discarded."""
         if self.cfg.learner.zero_stage == 3:
-            with self._deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None):
+            with self._deepspeed.zero.GatheredParameters(list(self.model.parameters()),
+                                                         modifier_rank=0 if modify else None):
                 yield self.model
         else:
             yield self.model
@@ -154,7 +156,8 @@ class DeepSpeedBackend:
     def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full tensor) in `named_parameters` order. Under ZeRO-3 parameters are gathered in buckets of
         `learner.zero3_gather_mb` (collectives: iterate on every rank, to the end), never the whole model at
-        once, so a model much larger than one GPU's free memory can still be synced. With `copy` each tensor is
+        once, so a model much larger than one GPU's free memory can still be synced; each bucket's gather has
+        completed on all ranks before rank 0 hands its tensors to the sender (INTERFACES §4). With `copy` each tensor is
         cloned inside its gather: the gathered storage is released (and may be reused) when the bucket closes,
         and senders may hold tensors past that point (the pattern of DeepSpeed's own
         `_zero3_consolidated_16bit_state_dict`, which copies layer by layer)."""

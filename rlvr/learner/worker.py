@@ -204,7 +204,7 @@ class LearnerWorker:
         state = {}
         for f in sorted(Path(hf_dir).glob("*.safetensors")):
             state.update(load_file(str(f)))
-        with self.backend.gathered() as model:
+        with self.backend.gathered(modify=True) as model:
             missing, unexpected = model.load_state_dict(state, strict=False)
             missing = [m for m in missing if not m.endswith("lm_head.weight")]
             if missing or unexpected:

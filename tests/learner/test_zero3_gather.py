@@ -1,7 +1,8 @@
-"""ZeRO-3 weight gathers for sync and saves (real DeepSpeed on CPU/gloo, one rank, in a subprocess).
+"""ZeRO-3 weight gathers for sync, saves and loads: real DeepSpeed on CPU/gloo with 2 ranks (2 processes).
 
 The weight sync gathers parameters in buckets of `learner.zero3_gather_mb` instead of the whole model, and a
-save gathers one module at a time onto rank 0's CPU: both must give back exactly the weights.
+save gathers one module at a time onto rank 0's CPU: both must give back exactly the weights. Weights loaded
+inside the whole-model gather must survive its exit (DeepSpeed drops them with modifier_rank=None).
 """
 
 from __future__ import annotations
@@ -16,35 +17,44 @@ import textwrap
 import pytest
 import torch
 
+from rlvr.config import default_config, from_dict
+from rlvr.data import build_tiny_model_dir, builtin_corpus
 from rlvr.learner.backends import _gather_buckets
+
+OVERRIDES = {"learner": {"backend": "deepspeed", "zero_stage": 3, "zero3_gather_mb": 0.01},
+             "data": {"datasets": ["builtin:copy"]}}
 
 SCRIPT = textwrap.dedent('''
     import json, sys
+    import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
     from rlvr.config import default_config, from_dict
-    from rlvr.data import build_tiny_model_dir, builtin_corpus
     from rlvr.learner.backends import _gather_buckets
     from rlvr.learner.worker import LearnerWorker
 
-    out, port = sys.argv[1], int(sys.argv[2])
-    cfg = from_dict({"learner": {"backend": "deepspeed", "zero_stage": 3, "zero3_gather_mb": 0.01},
-                     "data": {"datasets": ["builtin:copy"]}}, base=default_config())
-    model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), out + "/model", cfg.seed))
+    out, model_dir, port, rank = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    cfg = from_dict(json.loads(sys.argv[5]), base=default_config())
     ref = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
-    w = LearnerWorker(cfg, model_dir, 0, 1, "127.0.0.1", port, "cpu")
+    w = LearnerWorker(cfg, model_dir, rank, 2, "127.0.0.1", port, "cpu")
     partitioned = sum(p.numel() for p in w.model.parameters())
-    got = list(w.named_weights())
+    got = list(w.named_weights())  # a collective: both ranks iterate it to the end
     buckets = len(_gather_buckets(list(w.model.named_parameters()), int(0.01 * 2**20)))
     w.save(out + "/state", out + "/hf", model_dir)
-    saved = load_file(out + "/hf/model.safetensors")
-    print("RESULT " + json.dumps({
-        "names": [n for n, _ in got], "ref_names": list(ref),
-        "max_diff": max(float((t - ref[n]).abs().max()) for n, t in got),
-        "saved_max_diff": max(float((saved[n] - ref[n]).abs().max()) for n in ref if n in saved),
-        "saved_missing": [n for n in ref if n not in saved],
-        "buckets": buckets, "params": len(got), "partitioned_numel": partitioned,
-        "full_numel": sum(v.numel() for v in ref.values())}))
+    with w.backend.gathered(modify=True) as m, torch.no_grad():  # what load() does with a checkpoint's weights
+        for p in m.parameters():
+            p.fill_(0.5 if rank == 0 else -1.0)  # rank 0's values are the ones kept
+    after = list(w.named_weights())
+    if rank == 0:
+        saved = load_file(out + "/hf/model.safetensors")
+        print("RESULT " + json.dumps({
+            "names": [n for n, _ in got], "ref_names": list(ref),
+            "max_diff": max(float((t - ref[n]).abs().max()) for n, t in got),
+            "saved_max_diff": max(float((saved[n] - ref[n]).abs().max()) for n in ref if n in saved),
+            "saved_missing": [n for n in ref if n not in saved],
+            "modified_kept": all(bool((t == 0.5).all()) for _, t in after),
+            "buckets": buckets, "params": len(got), "partitioned_numel": partitioned,
+            "full_numel": sum(v.numel() for v in ref.values())}))
 ''')
 
 
@@ -55,18 +65,25 @@ def _free_port() -> int:
 
 
 @pytest.mark.timeout(300)
-def test_zero3_bucketed_sync_and_consolidated_save_give_the_exact_weights(tmp_path) -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(_free_port())], capture_output=True,
-                          text=True, timeout=280, env=env)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, proc.stderr[-3000:]
+def test_zero3_bucketed_sync_consolidated_save_and_load_on_two_ranks(tmp_path) -> None:
+    cfg = from_dict(OVERRIDES, base=default_config())
+    model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), model_dir, port, str(rank),
+                               json.dumps(OVERRIDES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for rank in (0, 1)]
+    outs = [p.communicate(timeout=280) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
+    assert line, outs[0][1][-3000:]
     r = json.loads(line[0][len("RESULT "):])
-    assert r["partitioned_numel"] < r["full_numel"] / 10  # ZeRO-3 really partitioned (1 rank: placeholders)
+    assert r["partitioned_numel"] < r["full_numel"] / 10  # really partitioned: placeholders on each rank
     assert r["names"] == r["ref_names"]
     assert 1 < r["buckets"] < r["params"]  # several gathers, several parameters per gather
     assert r["max_diff"] == 0.0
     assert r["saved_missing"] == [] and r["saved_max_diff"] == 0.0
+    assert r["modified_kept"]  # weights loaded inside gathered(modify=True) survive the re-partition
 
 
 def test_gather_buckets_respect_the_byte_limit() -> None:
