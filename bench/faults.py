@@ -124,10 +124,14 @@ def kill_engine_eval(out: Path) -> dict[str, Any]:
                       "--eval.every-n-steps", "2", "--eval.overlap", "True", "--eval.max-prompts", "4"),
             env={"RLVR_INJECT_FAULTS": f"{name}@2,{name}@5"})
     rd = out / name
-    evals = ([json.loads(line)["step"] for line in (rd / "eval.jsonl").read_text().splitlines() if line.strip()]
-             if (rd / "eval.jsonl").exists() else [])
-    ok = p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 2 and evals == [4, 5]
-    return {"survived": ok, "evals": evals, "data_lost": data_lost(rd) if ok else None,
+    records = ([json.loads(line) for line in (rd / "eval.jsonl").read_text().splitlines() if line.strip()]
+               if (rd / "eval.jsonl").exists() else [])
+    evals = [r["step"] for r in records]
+    # the retried eval of step 5 counts each (prompt, sample) once, like the undisturbed eval of step 4
+    sizes = sorted({(r["eval/num_prompts"], r["eval/num_samples"]) for r in records})
+    ok = (p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 2 and evals == [4, 5]
+          and len(sizes) == 1)
+    return {"survived": ok, "evals": evals, "eval_sizes": sizes, "data_lost": data_lost(rd) if ok else None,
             **({} if ok else {"why": why(rd, p)})}
 
 

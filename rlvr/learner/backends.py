@@ -157,10 +157,10 @@ class DeepSpeedBackend:
         """(name, full tensor) in `named_parameters` order. Under ZeRO-3 parameters are gathered in buckets of
         `learner.zero3_gather_mb` (collectives: iterate on every rank, to the end), never the whole model at
         once, so a model much larger than one GPU's free memory can still be synced; each bucket's gather has
-        completed on all ranks before rank 0 hands its tensors to the sender (INTERFACES §4). With `copy` each tensor is
-        cloned inside its gather: the gathered storage is released (and may be reused) when the bucket closes,
-        and senders may hold tensors past that point (the pattern of DeepSpeed's own
-        `_zero3_consolidated_16bit_state_dict`, which copies layer by layer)."""
+        completed on all ranks before rank 0 hands its tensors to the sender (INTERFACES §4). With `copy` each
+        tensor is cloned inside its gather, so what a sender keeps does not depend on how DeepSpeed frees the
+        gathered storage when the bucket closes (DeepSpeed's `_zero3_consolidated_16bit_state_dict` copies
+        layer by layer the same way)."""
         named = list(self.model.named_parameters())
         if self.cfg.learner.zero_stage != 3:
             for name, p in named:
@@ -190,10 +190,10 @@ def _gather_buckets(named: list[tuple[str, torch.nn.Parameter]], limit: int) -> 
     """Consecutive parameters whose full sizes (ZeRO-3 `ds_numel`, else numel) add up to at most `limit` bytes;
     a larger parameter gets a bucket of its own."""
     buckets: list[list[tuple[str, torch.nn.Parameter]]] = []
-    size = limit
+    size = 0
     for name, p in named:
         nbytes = int(getattr(p, "ds_numel", p.numel())) * p.element_size()
-        if size + nbytes > limit:
+        if not buckets or size + nbytes > limit:
             buckets.append([])
             size = 0
         buckets[-1].append((name, p))

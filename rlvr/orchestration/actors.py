@@ -186,19 +186,23 @@ class LearnerActor(_Base):
     def send_weights(self, engines: list | None = None, version: int = 0) -> dict[str, float]:
         """Every rank takes part (ZeRO-3 gathers); rank 0 sends (gloo/NCCL broadcast, or IPC chunks)."""
         named = self.worker.named_weights()
-        if self.transport == "ipc":
-            from rlvr.weight_sync.ipc import IpcWeightSender
+        try:
+            if self.transport == "ipc":
+                from rlvr.weight_sync.ipc import IpcWeightSender
 
-            def deliver(info: dict) -> None:
-                ray.get([e.update_weights_chunk.remote(info) for e in engines], timeout=600)
+                def deliver(info: dict) -> None:
+                    ray.get([e.update_weights_chunk.remote(info) for e in engines], timeout=600)
 
-            sender = IpcWeightSender(deliver if self.rank == 0 else (lambda info: None))
-            return sender.send(named, self.meta)
-        if self.rank == 0:
-            return self.sync.send(named, self.meta) if self.transport == "nccl" else self.sync.send(named)
-        for _ in named:
-            pass
-        return {}
+                sender = IpcWeightSender(deliver if self.rank == 0 else (lambda info: None))
+                return sender.send(named, self.meta)
+            if self.rank == 0:
+                return self.sync.send(named, self.meta) if self.transport == "nccl" else self.sync.send(named)
+            return {}
+        finally:
+            # ZeRO-3 gathers are collectives: finish them even when the send failed midway, or the other ranks
+            # wait in the next bucket's gather (no-op when the sender consumed everything)
+            for _ in named:
+                pass
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         return self.worker.score(prompt_ids, completion_ids)

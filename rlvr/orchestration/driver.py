@@ -30,7 +30,7 @@ from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_recor
 from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
 from rlvr.telemetry.logs import get_logger
 from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
-from rlvr.types import Group, PackedBatch
+from rlvr.types import Group, PackedBatch, Sample
 
 logger = get_logger(__name__)
 
@@ -151,7 +151,7 @@ class Trainer:
         while (len(kept) < B) if r.active_sampling else (resolved < B):
             try:
                 n = self.feeder.top_up(min(self.budget, max(0, max_pulls - pulls)),
-                                       held=len(self.pending) + len(kept))
+                                       held=len(self.pending) + len(kept) + len(self.feeder.arrived))
                 self.budget -= n
                 pulls += n
             except EngineFailure as e:
@@ -230,6 +230,7 @@ class Trainer:
     def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
         t0 = time.perf_counter()
         if self.weights.colocated:  # give the learner the GPU memory
+            self.finish_eval()  # asleep, the engines could not finish an overlapped eval
             self.weights.sleep_engines()
         if faults.due("kill_learner", self.step + 1):
             ray.kill(self.actors.learners[0])
@@ -257,14 +258,14 @@ class Trainer:
         self.feeder.forget(prompt_id)
 
     # ------------------------------------------------------------------ eval, logging, checkpoints
-    def start_eval(self) -> None:
+    def start_eval(self, overlapped: bool = True) -> None:
         """Submit the eval prompts without waiting: they generate beside the next step's rollouts, still with this
         step's weights, because the next weight sync first waits for them (`finish_eval`)."""
         if not self.eval_requests:
             return
         self.feeder.eval_samples = []
-        self.eval_inflight = {"step": self.step, "t0": time.perf_counter(),
-                              "expected": sum(r.num_samples for r in self.eval_requests)}
+        self.eval_inflight = {"step": self.step, "t0": time.perf_counter(), "overlapped": overlapped,
+                              "expected": {(r.prompt_id, j) for r in self.eval_requests for j in range(r.num_samples)}}
         n = len(self.actors.engines)
         try:
             for i, (e, part) in enumerate(zip(self.actors.engines, [self.eval_requests[i::n] for i in range(n)])):
@@ -282,10 +283,18 @@ class Trainer:
             return {}
         deadline = time.time() + self.cfg.rollout.timeout_s
 
-        def ours() -> list:  # not a late sample of an eval dropped at an earlier step (its engine failed)
-            return [smp for smp in self.feeder.eval_samples if smp.version_start == ev["step"]]
+        def ours() -> dict[tuple[str, int], Sample]:
+            """One sample per (prompt, sample index) of this eval. An eval dropped when its engine failed leaves
+            samples behind on the living engines: those of an earlier step differ in version_start and are
+            ignored; those of the same step (the blocking eval's retry) are equivalent, and counted once."""
+            out: dict[tuple[str, int], Sample] = {}
+            for smp in self.feeder.eval_samples:
+                key = (smp.prompt_id, smp.sample_index)
+                if smp.version_start == ev["step"] and key in ev["expected"]:
+                    out.setdefault(key, smp)
+            return out
 
-        while len(ours()) < ev["expected"]:
+        while len(ours()) < len(ev["expected"]):
             try:
                 groups = self.feeder.poll()  # training groups arriving meanwhile are kept for the next step
             except EngineFailure as e:
@@ -299,7 +308,7 @@ class Trainer:
             time.sleep(0.005)
         self.eval_inflight = None
         groups: dict[str, Group] = {}
-        for smp in ours():
+        for smp in ours().values():
             groups.setdefault(smp.prompt_id, Group(prompt_id=smp.prompt_id, samples=[])).samples.append(smp)
         glist = sorted(groups.values(), key=lambda g: g.prompt_id)
         for g in glist:
@@ -313,14 +322,14 @@ class Trainer:
         metrics["time/eval"] = time.perf_counter() - ev["t0"]
         self.eval_file.write({"step": ev["step"], "time": time.time(), **metrics})
         self.progress.last_eval = metrics.get("eval/reward_mean")
-        if self.wandb is not None and ev["step"] != self.step:
+        if self.wandb is not None and ev["overlapped"]:  # a blocking eval's metrics go out with its step's
             self.wandb.log(ev["step"], metrics)
         return metrics
 
     def evaluate(self) -> dict[str, float]:
         """Blocking eval with the current weights (run again on the replacement if an engine fails during it)."""
         for _attempt in range(2):
-            self.start_eval()
+            self.start_eval(overlapped=False)
             metrics = self.finish_eval()
             if metrics or not self.eval_requests:
                 return metrics

@@ -91,3 +91,5 @@ def test_gather_buckets_respect_the_byte_limit() -> None:
     buckets = _gather_buckets(params, limit=40 * 4)  # float32: 4 bytes per element
     assert [[n for n, _ in b] for b in buckets] == [["p0", "p1"], ["p2", "p3"], ["p4"], ["p5"]]
     assert [n for b in buckets for n, _ in b] == [n for n, _ in params]  # order kept, nothing lost
+    empty_first = [("e", torch.nn.Parameter(torch.zeros(0))), *params[:2]]
+    assert [[n for n, _ in b] for b in _gather_buckets(empty_first, limit=40 * 4)] == [["e", "p0", "p1"]]

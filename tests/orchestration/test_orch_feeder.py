@@ -32,6 +32,17 @@ def _wait_completed(engine, prompts: int, timeout_s: float = 120) -> None:
         time.sleep(0.05)
 
 
+def _wait_dead(engine, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            ray.get(engine.stats.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed engine still answers")
+
+
 def test_groups_of_living_engines_survive_a_dead_engine_in_the_same_poll(tmp_path, ray_cluster) -> None:
     cfg = from_dict({"generation": {"num_samples": 2, "max_new_tokens": 4}, "data": {"datasets": ["builtin:copy"]}},
                     base=default_config())
@@ -46,11 +57,10 @@ def test_groups_of_living_engines_survive_a_dead_engine_in_the_same_poll(tmp_pat
         on_engine1 = next(pid for pid, (i, _) in feeder.outstanding.items() if i == 1)
         _wait_completed(engines[1], 1)  # engine 1 holds a finished group that no one has polled yet
         ray.kill(engines[0])
+        _wait_dead(engines[0])  # the kill lands asynchronously
 
         with pytest.raises(EngineFailure) as err:
-            for _ in range(100):  # the kill lands asynchronously: poll until engine 0 is seen dead
-                feeder.poll()
-                time.sleep(0.05)
+            feeder.poll()
         assert err.value.index == 0
         assert on_engine1 not in feeder.outstanding  # engine 1 answered: its group was taken from it
         assert [g.prompt_id for g in feeder.arrived] == [on_engine1]
