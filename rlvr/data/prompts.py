@@ -292,8 +292,13 @@ def eval_requests(
             logger.warning("no eval split for %s (local files have none); set eval.datasets to evaluate them", skipped)
     temperature = 0.0 if cfg.eval.greedy else cfg.generation.temperature
     per_dataset: list[list[PromptRequest]] = []
+    names: dict[str, str] = {}
     for spec in specs:
         loaded = load_dataset_rows(spec, cfg, split, known_verifiers)
+        if loaded.name in names:  # eval prompt ids (eval/<name>:<row>) would collide and mix their samples
+            raise ValueError(f"eval datasets {names[loaded.name]!r} and {spec!r} have the same name "
+                             f"{loaded.name!r} (eval prompt ids use it): rename one of the files")
+        names[loaded.name] = spec
         reqs: list[PromptRequest] = []
         num_too_long = 0
         for row in loaded.rows:

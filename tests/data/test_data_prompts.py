@@ -157,6 +157,16 @@ def test_eval_requests(tiny_tokenizer: Any, fixtures_dir: Path) -> None:
     assert ev[0].sampling.temperature == cfg.generation.temperature
 
 
+def test_eval_datasets_with_the_same_name_are_rejected(tiny_tokenizer: Any, fixtures_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "elsewhere" / "math_small.jsonl"  # another file with the same stem
+    other.parent.mkdir()
+    other.write_text((fixtures_dir / "math_small.jsonl").read_text())
+    cfg = _cfg(["builtin:copy"])
+    cfg.eval.datasets = [str(fixtures_dir / "math_small.jsonl"), str(other)]
+    with pytest.raises(ValueError, match="same name 'math_small'.*rename one"):
+        eval_requests(cfg, tiny_tokenizer)
+
+
 def test_chat_template_override(tiny_tokenizer: Any, tmp_path: Path) -> None:
     from rlvr.config import ModelConfig
     from rlvr.data import apply_chat_template_override

@@ -39,6 +39,8 @@ def _wait_dead(engine, timeout_s: float = 60) -> None:
             ray.get(engine.stats.remote(), timeout=10)
         except ray.exceptions.RayActorError:
             return
+        except ray.exceptions.GetTimeoutError:
+            pass  # dying: ask again
         time.sleep(0.05)
     raise AssertionError("the killed engine still answers")
 
