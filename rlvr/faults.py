@@ -6,7 +6,7 @@ Learner-side faults (`nan_loss@v`) are read by the learner worker from the same 
 actor factory forwards to actors through Ray's runtime_env.
 
 Names: `kill_engine@s` (engine 0 killed before step s collects), `kill_engine_sync@s` (killed just before
-step s's weight sync), `kill_learner@s` (learner rank 0 killed during step s), `slow_checkpoint@s` (the
+step s's weight sync), `kill_engine_eval@s` (killed just after step s's eval prompts were submitted), `kill_learner@s` (learner rank 0 killed during step s), `slow_checkpoint@s` (the
 checkpoint of step s is written slowly, to signal during it), `nan_loss@v` (learner, policy version v).
 """
 

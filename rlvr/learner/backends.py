@@ -78,8 +78,7 @@ class TorchBackend:
         yield self.model
 
     def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, p in self.model.named_parameters():
-            yield name, p.detach()
+        return _detached(self.model)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         return None  # the module's own state_dict is already whole
@@ -161,11 +160,10 @@ class DeepSpeedBackend:
         tensor is cloned inside its gather, so what a sender keeps does not depend on how DeepSpeed frees the
         gathered storage when the bucket closes (DeepSpeed's `_zero3_consolidated_16bit_state_dict` copies
         layer by layer the same way)."""
-        named = list(self.model.named_parameters())
         if self.cfg.learner.zero_stage != 3:
-            for name, p in named:
-                yield name, p.detach()
+            yield from _detached(self.model)
             return
+        named = list(self.model.named_parameters())
         limit = max(1, int(self.cfg.learner.zero3_gather_mb * 2**20))
         for bucket in _gather_buckets(named, limit):
             with self._deepspeed.zero.GatheredParameters([p for _, p in bucket], modifier_rank=None):
@@ -184,6 +182,12 @@ class DeepSpeedBackend:
 
     def load(self, path: Path) -> None:
         self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
+
+
+def _detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of whole (not partitioned) parameters, detached from autograd."""
+    for name, p in model.named_parameters():
+        yield name, p.detach()
 
 
 def _gather_buckets(named: list[tuple[str, torch.nn.Parameter]], limit: int) -> list[list[tuple[str, torch.nn.Parameter]]]:

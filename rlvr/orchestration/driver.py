@@ -151,13 +151,13 @@ class Trainer:
         while (len(kept) < B) if r.active_sampling else (resolved < B):
             try:
                 n = self.feeder.top_up(min(self.budget, max(0, max_pulls - pulls)),
-                                       held=len(self.pending) + len(kept) + len(self.feeder.arrived))
+                                       held=len(self.pending) + len(kept))
                 self.budget -= n
                 pulls += n
             except EngineFailure as e:
                 self._replace_engine(e)
                 continue
-            if not self.pending and not self.feeder.outstanding and not self.feeder.arrived:
+            if not self.pending and not self.feeder.busy:
                 if self.feeder.exhausted or pulls >= max_pulls or self.budget <= 0:
                     break
             groups, self.pending = self.pending, []
@@ -282,19 +282,19 @@ class Trainer:
         if ev is None:
             return {}
         deadline = time.time() + self.cfg.rollout.timeout_s
-
-        def ours() -> dict[tuple[str, int], Sample]:
-            """One sample per (prompt, sample index) of this eval. An eval dropped when its engine failed leaves
-            samples behind on the living engines: those of an earlier step differ in version_start and are
-            ignored; those of the same step (the blocking eval's retry) are equivalent, and counted once."""
-            out: dict[tuple[str, int], Sample] = {}
-            for smp in self.feeder.eval_samples:
+        # One sample per (prompt, sample index) of this eval. An eval dropped when its engine failed leaves
+        # samples behind on the living engines: those of an earlier step differ in version_start and are
+        # ignored; those of the same step (the blocking eval's retry) are equivalent, and counted once.
+        ours: dict[tuple[str, int], Sample] = {}
+        seen = 0
+        while True:
+            for smp in self.feeder.eval_samples[seen:]:
                 key = (smp.prompt_id, smp.sample_index)
                 if smp.version_start == ev["step"] and key in ev["expected"]:
-                    out.setdefault(key, smp)
-            return out
-
-        while len(ours()) < len(ev["expected"]):
+                    ours.setdefault(key, smp)
+            seen = len(self.feeder.eval_samples)
+            if len(ours) == len(ev["expected"]):
+                break
             try:
                 groups = self.feeder.poll()  # training groups arriving meanwhile are kept for the next step
             except EngineFailure as e:
@@ -308,7 +308,7 @@ class Trainer:
             time.sleep(0.005)
         self.eval_inflight = None
         groups: dict[str, Group] = {}
-        for smp in ours().values():
+        for smp in ours.values():
             groups.setdefault(smp.prompt_id, Group(prompt_id=smp.prompt_id, samples=[])).samples.append(smp)
         glist = sorted(groups.values(), key=lambda g: g.prompt_id)
         for g in glist:
@@ -415,7 +415,7 @@ class Trainer:
             groups, m = self._collect()
             if groups:
                 break
-            if self.feeder.exhausted and not (self.feeder.outstanding or self.feeder.arrived or self.pending):
+            if self.feeder.exhausted and not self.feeder.busy and not self.pending:
                 logger.info("training data exhausted at step %d", self.step)
                 return None
             logger.warning("step %d: no informative group among the resolved prompts; collecting again", self.step + 1)

@@ -41,6 +41,11 @@ class RolloutFeeder:
         self.arrived: list[Group] = []
 
     @property
+    def busy(self) -> bool:
+        """Groups still to come from the engines, or back already and not yet handed out by `poll`."""
+        return bool(self.outstanding or self.arrived)
+
+    @property
     def capacity(self) -> int:
         return (self.async_steps + 1) * self.batch_size
 
@@ -57,13 +62,13 @@ class RolloutFeeder:
     def top_up(self, max_new: int, held: int = 0) -> int:
         """Submit new prompts up to capacity (and at most `max_new`); returns how many were submitted.
 
-        `held`: complete groups the driver holds but has not trained yet. They count against the capacity:
-        otherwise groups that arrive early make room for more submissions, the backlog grows past
-        (async_steps + 1) * B, and its oldest groups outlive the staleness bound and are dropped."""
+        `held`: complete groups the driver holds but has not trained yet. They count against the capacity, as do
+        the groups in `arrived`: otherwise groups that arrive early make room for more submissions, the backlog
+        grows past (async_steps + 1) * B, and its oldest groups outlive the staleness bound and are dropped."""
         per_engine: dict[int, list[PromptRequest]] = defaultdict(list)
         load = self.outstanding_per_engine()
         n = 0
-        while len(self.outstanding) + held < self.capacity and n < max_new:
+        while len(self.outstanding) + len(self.arrived) + held < self.capacity and n < max_new:
             req = self._next_request()
             if req is None:
                 break

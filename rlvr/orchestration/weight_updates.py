@@ -46,8 +46,8 @@ class WeightUpdater:
         if self.engines_asleep:
             self.engines("wake_up", ["weights"])
         self.engines("begin_weight_update")
-        sent = learner_get([lrn.send_weights.remote(self.actors.engines, version)
-                                  for lrn in self.actors.learners], "send_weights", self.timeout)[0]
+        sent = learner_get([lrn.send_weights.remote(self.actors.engines, version) for lrn in self.actors.learners],
+                           "send_weights", self.timeout)[0]
         self.engines("finish_weight_update", version)
         if self.engines_asleep:
             self.engines("wake_up", ["kv_cache"])
