@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from rlvr.algorithms.correction import CorrectionConfig, importance_weights
 from rlvr.algorithms.entropy import entropy_from_logits
 from rlvr.algorithms.losses import LossConfig, policy_loss
 from rlvr.algorithms.packing import PackInput, build_packed_batches
+from rlvr.orchestration.local_cluster import free_port
 from rlvr.types import PackedBatch
 
 VOCAB, PACK_LENGTH = 11, 24
@@ -130,18 +130,12 @@ def _worker(rank: int, world_size: int, port: int, seed: int, out_dir: str) -> N
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_give_same_gradient(tmp_path: Path) -> None:
     seed = 0
     batches = _packed(seed, 2, 2)
     assert all(any(mb.loss_mask.any() for mb in b.micro_batches) for b in batches)
-    mp.spawn(_worker, args=(2, _free_port(), seed, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), seed, str(tmp_path)), nprocs=2, join=True)
     grads = torch.load(tmp_path / "grads.pt")
     for config, grad in zip(CONFIGS, grads):
         reference = step_grad(_table(), _packed(seed, 1, 100)[0], config)

@@ -246,11 +246,3 @@ def engine_proc(gpu: str, model_dir: str, cfg: Any, **kwargs: Any) -> Proc:
 
 def trainer_proc(gpu: str, model_dir: str) -> Proc:
     return Proc(_trainer_main, (gpu, model_dir))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from gpu_helpers import build_tiny_dir, copy_pairs, engine_proc, free_port, make_cfg, trainer_proc
+from gpu_helpers import build_tiny_dir, copy_pairs, engine_proc, make_cfg, trainer_proc
+
+from rlvr.orchestration.local_cluster import free_port
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import torch
 from rlvr.config import default_config, from_dict
 from rlvr.data import build_tiny_model_dir, builtin_corpus
 from rlvr.learner.backends import _gather_buckets
+from rlvr.orchestration.local_cluster import free_port
 
 OVERRIDES = {"learner": {"backend": "deepspeed", "zero_stage": 3, "zero3_gather_mb": 0.01},
              "data": {"datasets": ["builtin:copy"]}}
@@ -62,18 +62,12 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(300)
 def test_zero3_bucketed_sync_consolidated_save_and_load_on_two_ranks(tmp_path) -> None:
     cfg = from_dict(OVERRIDES, base=default_config())
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    port = str(_free_port())
+    port = str(free_port())
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), model_dir, port, str(rank),
                                json.dumps(OVERRIDES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for rank in (0, 1)]
