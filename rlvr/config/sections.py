@@ -120,6 +120,9 @@ class RolloutConfig:
     """Disable CUDA graphs in vLLM."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
+    colocate_sleep: bool = True
+    """Colocated runs: put the engines to sleep (free their GPU memory) while the learners train. False keeps
+    them awake and generating during the learner's step (models small enough to fit beside the learner)."""
     timeout_s: float = 600.0
     """Seconds the driver waits for one step's rollouts before failing loudly."""
 

@@ -65,6 +65,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
              f"--learner.attention mask passes a block-diagonal mask, which --model.attn-implementation "
              f"{cfg.model.attn_implementation} does not take: use --model.attn-implementation sdpa (or eager), "
              "or --learner.attention varlen")
+    _require(not (cfg.model.dtype == "float32" and cfg.model.attn_implementation in ("torch_varlen", "flash_attention_2")),
+             f"--model.attn-implementation {cfg.model.attn_implementation} runs flash kernels, which compute in "
+             "bfloat16/float16 only, but --model.dtype is float32: use --model.attn-implementation sdpa (or auto, "
+             "which picks sdpa for float32), or --model.dtype bfloat16")
     _require(lr.zero3_gather_mb > 0, f"--learner.zero3-gather-mb must be > 0 (got {lr.zero3_gather_mb})")
     _require(not (lr.offload_params and lr.zero_stage != 3),
              f"--learner.offload-params needs --learner.zero-stage 3 (got stage {lr.zero_stage})")

@@ -17,7 +17,8 @@ Invariants:
 - The test split is deterministic: it ignores `seed` (so eval numbers are comparable across seeds).
 - Rows carry `prompt`, `ground_truth` and `verifier` ("copy"); the same (task, split, num_rows, seed) always
   gives the same rows.
-- `copy_reward` is pure and returns a float in [0, 1].
+- `copy_reward` is pure and returns a float in [0, 1]; 1.0 needs the exact string and, when the finish reason is
+  known, a stop right after it.
 """
 
 from __future__ import annotations
@@ -128,16 +129,24 @@ def builtin_corpus(name: str) -> list[str]:
 
 
 def copy_reward(completion_text: str, metadata: dict[str, Any]) -> float:
-    """Partial-credit copy score in [0, 1].
+    """Partial-credit copy score in [0, 1] that also asks the answer to END in the right place.
 
-    Positions i where completion[i] == target[i], divided by max(len(target), len(completion)), after
-    stripping surrounding whitespace from both; an overlong completion is penalised by the larger
-    denominator. The target is `metadata["ground_truth"]` (converted with str()). Two empty strings score 1.
+    After stripping surrounding whitespace from both, positions i where completion[i] == target[i] each earn a
+    point (the target is `metadata["ground_truth"]`, converted with str()). When the engine reports how the
+    completion ended (`metadata["finish_reason"]`, passed by the trainer and `rlvr eval`), the end is one more
+    slot: a point when the completion stopped (EOS or a stop string, finish_reason "stop") right after exactly
+    len(target) characters. The score is points / (max(len(target), len(completion)) + 1), so 1.0 means "the
+    exact string, then stop", and a completion that runs on to the token limit can never score 1. Without a
+    finish reason (plain text, `rlvr reward`) the end slot is left out: points / max(len(target),
+    len(completion)). An overlong completion is penalised by the larger denominator either way. Two empty
+    strings score 1.
     """
     target = str(metadata.get("ground_truth", "")).strip()
     completion = completion_text.strip()
-    denom = max(len(target), len(completion))
-    if denom == 0:
-        return 1.0
     matches = sum(1 for c, t in zip(completion, target) if c == t)
-    return matches / denom
+    finish = metadata.get("finish_reason")
+    denom = max(len(target), len(completion))
+    if finish is None:
+        return 1.0 if denom == 0 else matches / denom
+    ended_right = finish == "stop" and len(completion) == len(target)
+    return (matches + int(ended_right)) / (denom + 1)

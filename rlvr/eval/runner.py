@@ -50,7 +50,8 @@ ScorerLike = Any
 
 def score_samples(scorer: ScorerLike, samples: Sequence[Sample]) -> list[RewardResult]:
     """One `RewardResult` per sample, in order, from any of the accepted scorer kinds."""
-    items: list[ScoreItem] = [(s.completion_text, dict(s.metadata), list(s.completion_token_ids)) for s in samples]
+    items: list[ScoreItem] = [(s.completion_text, {**s.metadata, "finish_reason": s.finish_reason},
+                               list(s.completion_token_ids)) for s in samples]
     if hasattr(scorer, "score_many"):
         results = list(scorer.score_many(items))
     elif hasattr(scorer, "score"):

@@ -23,12 +23,21 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def resolve_attn_implementation(name: str, device: str, packed_attention: str = "auto") -> str:
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+"""The flash kernels (flash-attn and torch's flash varlen kernel) compute in these dtypes only."""
+
+
+def resolve_attn_implementation(name: str, device: str, packed_attention: str = "auto",
+                                dtype: torch.dtype | None = None) -> str:
     """`auto` = flash_attention_2 on GPU when flash-attn is installed, else torch's varlen flash kernel
     (`torch_varlen`, `rlvr.learner.attention`) on GPU, else sdpa; sdpa whenever learner.attention is `mask`
-    (explicit block-diagonal masks)."""
+    (explicit block-diagonal masks) and whenever the model is not fp16/bf16 (`dtype`; the flash kernels raise
+    "FlashAttention only support fp16 and bf16 data type" on float32). Explicit names are checked against the
+    dtype by config validation, not here."""
     if name != "auto":
         return name
+    if dtype is not None and dtype not in FLASH_DTYPES:
+        return "sdpa"
     if device.startswith("cuda") and packed_attention != "mask":
         try:
             import flash_attn  # noqa: F401
@@ -48,7 +57,7 @@ def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: boo
     from transformers import AutoModelForCausalLM
 
     dtype = resolve_dtype(cfg.model.dtype, device)
-    impl = resolve_attn_implementation(cfg.model.attn_implementation, device, cfg.learner.attention)
+    impl = resolve_attn_implementation(cfg.model.attn_implementation, device, cfg.learner.attention, dtype)
     if impl == attention.NAME:
         attention.register()
     model = AutoModelForCausalLM.from_pretrained(

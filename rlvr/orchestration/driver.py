@@ -72,7 +72,8 @@ class Trainer:
     # ------------------------------------------------------------------ phases
     def _score(self, groups: list[Group]) -> float:
         t0 = time.perf_counter()
-        items = [(s.completion_text, s.metadata, s.completion_token_ids) for g in groups for s in g.samples]
+        items = [(s.completion_text, {**s.metadata, "finish_reason": s.finish_reason}, s.completion_token_ids)
+                 for g in groups for s in g.samples]
         if not items:
             return 0.0
         outs = self._score_items(items)
@@ -229,7 +230,7 @@ class Trainer:
 
     def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
         t0 = time.perf_counter()
-        if self.weights.colocated:  # give the learner the GPU memory
+        if self.weights.colocated and self.cfg.rollout.colocate_sleep:  # give the learner the GPU memory
             self.finish_eval()  # asleep, the engines could not finish an overlapped eval
             self.weights.sleep_engines()
         if faults.due("kill_learner", self.step + 1):

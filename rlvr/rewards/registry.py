@@ -8,6 +8,8 @@ A reward function has the signature
   the routing column, ...). The scorer passes a shallow copy that also carries
   `metadata["completion_token_ids"]` (list[int] | None): length-based rewards read the token count there and
   fall back to the number of whitespace-separated words when it is None (e.g. `rlvr reward` on raw text).
+  The trainer and `rlvr eval` also put the engine's `metadata["finish_reason"]` there ("stop": EOS or a stop
+  string; "length": cut at max_new_tokens; "abort"); it is absent for raw text.
 - `params` come from config (`RewardFunctionConfig.params`): scalars only (float, int, str, bool).
 - Return None when the function cannot score this row (missing ground truth, ...); None scores are left out
   of the total. Raising is allowed (the scorer turns it into status "error"), but never needed for bad model

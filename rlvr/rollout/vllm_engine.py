@@ -129,7 +129,7 @@ class VLLMEngine:
         **engine_kwargs: Any,
     ) -> None:
         """`weight_transfer_backend`: "nccl" (default) or "ipc" (default when `cfg.cluster.colocate`);
-        `enable_sleep_mode` defaults to `cfg.cluster.colocate`; `ignore_eos` makes every completion run to
+        `enable_sleep_mode` defaults to `cfg.cluster.colocate and cfg.rollout.colocate_sleep`; `ignore_eos` makes every completion run to
         max_new_tokens (benchmarks and tests: a fixed workload); `engine_kwargs` go to AsyncEngineArgs."""
         import_vllm()
         from vllm.config import WeightTransferConfig
@@ -141,7 +141,7 @@ class VLLMEngine:
         self.ignore_eos = ignore_eos
         colocate = cfg.cluster.colocate
         self.weight_transfer_backend = weight_transfer_backend or ("ipc" if colocate else "nccl")
-        self.sleep_enabled = colocate if enable_sleep_mode is None else enable_sleep_mode
+        self.sleep_enabled = (colocate and cfg.rollout.colocate_sleep) if enable_sleep_mode is None else enable_sleep_mode
         self.max_model_len = max_model_len or _default_max_model_len(model_path, cfg)
         self._version = initial_version
         self._lock = threading.Lock()

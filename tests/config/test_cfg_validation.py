@@ -63,6 +63,11 @@ def test_yaml_scientific_string_is_a_number():
     ({"cluster": {"device": "cuda", "colocate": True, "engine_tp": 2}}, r"colocate supports --cluster.engine-tp 1"),
     ({"learner": {"attention": "mask"}, "model": {"attn_implementation": "torch_varlen"}},
      r"attention mask passes a block-diagonal mask, which --model.attn-implementation torch_varlen"),
+    # flash kernels compute in bf16/fp16 only: float32 + an explicit flash kernel is rejected with the fix
+    ({"model": {"dtype": "float32", "attn_implementation": "torch_varlen"}},
+     r"attn-implementation torch_varlen runs flash kernels, .* float32: use --model.attn-implementation sdpa"),
+    ({"model": {"dtype": "float32", "attn_implementation": "flash_attention_2"}},
+     r"attn-implementation flash_attention_2 runs flash kernels"),
 ])
 def test_impossible_values(sections, pattern):
     with pytest.raises(ConfigError, match=pattern):

@@ -184,3 +184,5 @@ def test_auto_attention_resolution() -> None:
     assert resolve_attn_implementation("auto", "cpu") == "sdpa"
     assert resolve_attn_implementation("eager", "cuda") == "eager"
     assert resolve_attn_implementation("auto", "cuda", "mask") == "sdpa"  # explicit masks need a mask-taking kernel
+    # flash kernels refuse float32 ("FlashAttention only support fp16 and bf16"): auto falls back to sdpa
+    assert resolve_attn_implementation("auto", "cuda", "auto", torch.float32) == "sdpa"
