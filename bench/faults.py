@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -63,8 +62,7 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def ledger(run_dir: Path) -> dict[str, Any]:
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    with open(run_dir / "checkpoints" / latest / "trainer_state" / "driver.pkl", "rb") as f:
-        return pickle.load(f)["ledger"]
+    return json.loads((run_dir / "checkpoints" / latest / "trainer_state" / "driver.json").read_text())["ledger"]
 
 
 def data_lost(run_dir: Path, num_samples: int = 4) -> int:

@@ -69,21 +69,26 @@ def parse_train_args(argv: list[str]) -> TrainCommand:
 
 
 def _train(argv: list[str]) -> int:
-    try:
-        cmd = parse_train_args(argv)
-    except ConfigError as e:
-        print(f"rlvr train: config error: {e}", file=sys.stderr)
-        return 2
-    if cmd.dry_run:
-        sys.stdout.write(to_yaml(cmd.experiment))
-        return 0
-    from rlvr.orchestration.run import train
+    from rlvr.orchestration.health import StopSignals
 
-    try:
-        return train(cmd.experiment)
-    except ValueError as e:  # bad input found before or during start-up (data rows, model path, verifiers)
-        print(f"rlvr train: error: {e}", file=sys.stderr)
-        return 2
+    # SIGINT/SIGTERM only set a flag from here on: a signal during parsing or start-up is answered once start-up
+    # is done (exit 75, nothing lost), never by a KeyboardInterrupt traceback or Python's default exit
+    with StopSignals() as signals:
+        try:
+            cmd = parse_train_args(argv)
+        except ConfigError as e:
+            print(f"rlvr train: config error: {e}", file=sys.stderr)
+            return 2
+        if cmd.dry_run:
+            sys.stdout.write(to_yaml(cmd.experiment))
+            return 0
+        from rlvr.orchestration.run import train
+
+        try:
+            return train(cmd.experiment, signals)
+        except ValueError as e:  # bad input found before or during start-up (data rows, model path, checkpoint)
+            print(f"rlvr train: error: {e}", file=sys.stderr)
+            return 2
 
 
 def _not_implemented(name: str, issue: int) -> Callable[[list[str]], int]:

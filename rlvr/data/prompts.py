@@ -14,6 +14,9 @@ Invariants (INTERFACES.md §2, §7):
   `num_epochs` x (total rows) pulls.
 - Per-prompt sampling seeds are a stable hash of (cfg.seed, prompt_id): the same prompt gets the same seed
   in every run and after every restart.
+- A prompt of more than `max_prompt_tokens * CHARS_PER_TOKEN_LIMIT` characters cannot fit (no tokenizer packs
+  that many characters into a token) and is dropped as too long before it is rendered or tokenized, with a
+  warning naming its row: tokenizing a giant row whole would cost memory out of all proportion.
 """
 
 from __future__ import annotations
@@ -31,6 +34,27 @@ from rlvr.types import PromptRequest, SamplingParams, make_prompt_id
 logger = logging.getLogger(__name__)
 
 _STATE_VERSION = 1
+CHARS_PER_TOKEN_LIMIT = 32
+"""Characters per token above which a prompt is too long without tokenizing it (real tokenizers: 3-6)."""
+
+
+def prompt_chars(row: dict[str, Any], data_cfg: DataConfig) -> int:
+    """Characters of a normalised row's prompt text (messages or prompt, plus the system prompt)."""
+    if row.get("messages") is not None:
+        body = sum(len(m.get("content") or "") for m in row["messages"])
+    else:
+        body = len(row.get("prompt") or "")
+    return body + len(data_cfg.system_prompt or "")
+
+
+def too_many_chars(row: dict[str, Any], data_cfg: DataConfig) -> str | None:
+    """The reason a row's prompt cannot fit `max_prompt_tokens` judged by its length alone, else None."""
+    limit = data_cfg.max_prompt_tokens * CHARS_PER_TOKEN_LIMIT
+    n = prompt_chars(row, data_cfg)
+    if n > limit:
+        return (f"prompt of {n} characters cannot fit --data.max-prompt-tokens {data_cfg.max_prompt_tokens} "
+                f"(more than {CHARS_PER_TOKEN_LIMIT} characters per token); not tokenized")
+    return None
 
 
 def stable_int(*parts: object, bits: int = 63) -> int:
@@ -232,6 +256,12 @@ class PromptStream:
                 self._counters["skipped_bad_row"] += 1
                 self._dropped.append((prompt_id, "skipped_bad_row"))
                 continue
+            reason = too_many_chars(entry, self._cfg.data)
+            if reason:
+                self._counters["dropped_too_long"] += 1
+                self._dropped.append((prompt_id, "dropped_too_long"))
+                logger.warning("dropping %s (%s row %s): %s", prompt_id, entry["dataset"], entry["row"], reason)
+                continue
             text, ids = render_prompt(entry, self._tokenizer, self._cfg.data)
             if len(ids) > self._cfg.data.max_prompt_tokens:
                 self._counters["dropped_too_long"] += 1
@@ -302,6 +332,11 @@ def eval_requests(
         reqs: list[PromptRequest] = []
         num_too_long = 0
         for row in loaded.rows:
+            reason = too_many_chars(row, cfg.data)
+            if reason:
+                num_too_long += 1
+                logger.warning("eval %s row %s: %s", spec, row["row"], reason)
+                continue
             text, ids = render_prompt(row, tokenizer, cfg.data)
             if len(ids) > cfg.data.max_prompt_tokens:
                 num_too_long += 1

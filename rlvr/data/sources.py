@@ -14,6 +14,8 @@ Invariants:
   field, reason) and the message lists them. An empty dataset is a `DataError` naming the file.
 - With `on_bad_row == "skip"` bad rows are returned separately (`LoadedDataset.bad_rows`) so callers count
   them; `load_rows` then returns only the good rows.
+- A JSONL line longer than `MAX_ROW_BYTES` is a bad row (file:line, its size) and is never held in memory
+  whole: it is read and dropped in bounded chunks, so one giant row cannot exhaust the trainer's memory.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ BUILTIN_TEST_ROWS = 200
 """Rows of a built-in task's test split (fixed, so eval is comparable across runs)."""
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".feather")
 _MAX_LISTED = 200
+MAX_ROW_BYTES = 8 << 20
+"""Largest JSONL line read as a row (8 MiB: far above any prompt a model can take, far below a memory risk)."""
 
 
 @dataclass
@@ -88,16 +92,30 @@ def dataset_name(spec: str) -> str:
 
 
 def _read_jsonl(path: Path) -> tuple[list[tuple[int, int, Any]], list[BadRow]]:
-    """(row index, line number, parsed value) for each non-blank line, plus malformed lines as bad rows."""
+    """(row index, line number, parsed value) for each non-blank line, plus malformed and oversized lines as bad
+    rows. Lines are read at most `MAX_ROW_BYTES` at a time."""
     entries: list[tuple[int, int, Any]] = []
     bad: list[BadRow] = []
     row = 0
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
+    with path.open("rb") as f:
+        line_no = 0
+        while raw := f.readline(MAX_ROW_BYTES + 2):
+            line_no += 1
+            if len(raw.rstrip(b"\r\n")) > MAX_ROW_BYTES:
+                size = len(raw)
+                while not raw.endswith(b"\n") and (raw := f.readline(1 << 20)):  # skip the rest, never held whole
+                    size += len(raw)
+                bad.append(BadRow(str(path), row, "<line>", f"line of {size / 2**20:.1f} MiB is over the "
+                                  f"{MAX_ROW_BYTES >> 20} MiB limit of one row (no prompt that long can be trained on)",
+                                  line_no))
+                row += 1
+                continue
+            if not raw.strip():
                 continue
             try:
-                entries.append((row, line_no, json.loads(line)))
+                entries.append((row, line_no, json.loads(raw.decode("utf-8"))))
+            except UnicodeDecodeError as e:
+                bad.append(BadRow(str(path), row, "<line>", f"not UTF-8 text: {e.reason} at byte {e.start}", line_no))
             except json.JSONDecodeError as e:
                 reason = f"malformed JSON line: {e.msg} at column {e.colno}"
                 bad.append(BadRow(str(path), row, "<line>", reason, line_no))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,7 +89,7 @@ class TorchBackend:
                    path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
-        state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False)
+        state = weights_only_load(path / "optimizer.pt")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
@@ -181,7 +182,47 @@ class DeepSpeedBackend:
         self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", save_latest=False)
 
     def load(self, path: Path) -> None:
+        # DeepSpeed 0.19.8's TorchCheckpointEngine.load calls torch.load(weights_only=False): every file it reads
+        # (model states, ZeRO optimizer partitions) goes through the weights-only loader instead
+        self.engine.checkpoint_engine.load = weights_only_load
         self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
+
+
+SAFE_TORCH_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+)
+"""Classes DeepSpeed pickles into its optimizer-state files (plain records: an enum, a namedtuple, loss-scale
+settings), allowed beside torch's weights-only set. Residual risk, accepted: a crafted file can construct
+them with values of its choosing, and their constructors (Enum lookup, namedtuple, LossScaler.__init__) only
+store values; it cannot import or call anything else."""
+
+
+def _safe_globals() -> list:
+    """The classes of `SAFE_TORCH_GLOBALS` that can be imported here (DeepSpeed's only where it is installed)."""
+    import importlib
+
+    found = []
+    for name in SAFE_TORCH_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):
+            continue
+    return found
+
+
+def weights_only_load(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict:
+    """torch.load of checkpoint state as data: tensors, containers, numbers, strings and `SAFE_TORCH_GLOBALS`;
+    a file that names anything else is refused with ValueError (nothing in it is run)."""
+    with torch.serialization.safe_globals(_safe_globals()):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path}: refused, it holds more than tensors and plain data ({first})") from None
 
 
 def _detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

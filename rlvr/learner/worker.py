@@ -25,7 +25,7 @@ from rlvr import faults
 from rlvr.algorithms.correction import CorrectionConfig, importance_weights
 from rlvr.algorithms.losses import LossConfig, policy_loss
 from rlvr.config import ExperimentConfig
-from rlvr.learner.backends import DeepSpeedBackend, TorchBackend
+from rlvr.learner.backends import DeepSpeedBackend, TorchBackend, weights_only_load
 from rlvr.learner.logprobs import packed_logprobs
 from rlvr.learner.model import load_causal_lm
 from rlvr.telemetry.logs import get_logger
@@ -183,8 +183,9 @@ class LearnerWorker:
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         self.backend.save(p)
-        torch.save({"torch": torch.get_rng_state(), "python": random.getstate(), "version": self.version,
-                    "skipped": self.num_skipped_steps}, p / f"rng_rank{self.rank}.pt")
+        version, internal, gauss = random.getstate()  # plain ints, stored as lists: loadable with weights_only
+        torch.save({"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
+                    "version": self.version, "skipped": self.num_skipped_steps}, p / f"rng_rank{self.rank}.pt")
         full = self.backend.full_state_dict()  # ZeRO-3: gathered module by module onto rank 0's CPU
         if self.rank == 0 and hf_dir:
             self.backend.model.save_pretrained(hf_dir, safe_serialization=True, state_dict=full)
@@ -211,10 +212,14 @@ class LearnerWorker:
                 raise ValueError(f"checkpoint {hf_dir} does not match the model: missing {missing[:5]}, "
                                  f"unexpected {unexpected[:5]}")
         self.backend.load(p)
-        rng = torch.load(p / f"rng_rank{self.rank}.pt", weights_only=False)
-        torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        self.version, self.num_skipped_steps = rng["version"], rng["skipped"]
+        rng = weights_only_load(p / f"rng_rank{self.rank}.pt")
+        try:
+            torch.set_rng_state(rng["torch"])
+            version, internal, gauss = rng["python"]
+            random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+            self.version, self.num_skipped_steps = int(rng["version"]), int(rng["skipped"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{p / f'rng_rank{self.rank}.pt'}: not an rlvr RNG state ({e})") from e
 
     def shutdown(self) -> None:
         if dist.is_initialized():

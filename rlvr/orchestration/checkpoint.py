@@ -3,8 +3,19 @@
 Atomicity: a checkpoint is written into `checkpoints/.tmp_step_<n>/`, gets its MANIFEST.json (files, sizes,
 sha256) last, is renamed to `step_<n>/`, and only then is `checkpoints/latest` rewritten (via a temp file +
 os.replace). A crash at any point leaves either the previous complete checkpoint as `latest` or a `.tmp_`
-directory that is ignored and cleaned up. `find_resume` verifies the manifest and falls back to older
-complete checkpoints with a warning.
+directory that is ignored and cleaned up.
+
+A checkpoint is data, never code: the driver's state is JSON, weights are safetensors, optimizer and RNG state
+are torch files loaded with `weights_only=True`. A manifest proves a checkpoint is complete, not that it is
+safe (anyone who can write a file can regenerate it), so `find_resume` also scans every torch file's pickle
+for the globals it would import (without running it) and refuses files of pickle formats outright, before any
+actor starts. The only classes beyond torch's own weights-only set are `SAFE_TORCH_GLOBALS` (DeepSpeed's
+optimizer-state records), which the learners allow when they load.
+
+Resume: `auto` takes the newest checkpoint whose manifest verifies and falls back to older ones with a warning;
+when checkpoints exist but none verifies it stops with an error naming them (never a silent fresh start that
+would overwrite the run). Pruning keeps the newest `keep_last` VERIFIED checkpoints: an unverified one is never
+counted as kept, so the last good checkpoint is never deleted in favour of a corrupt one.
 """
 
 from __future__ import annotations
@@ -20,6 +31,16 @@ from rlvr.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 MANIFEST = "MANIFEST.json"
+DRIVER_STATE = "driver.json"
+"""The driver's state (step, prompt ledger, stream position, prompts in flight), under `trainer_state/`."""
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pth")
+"""Files of these kinds are never loaded from a checkpoint: unpickling them runs arbitrary code."""
+FRESH_START_HINT = ("start a new run beside it with another --logging.run-name, or start this run over from step "
+                    "0 with --checkpoint.resume never (its metrics and checkpoints are then replaced)")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used; the message names it, the reason and the flags that get past it."""
 
 
 def _sha256(path: Path) -> str:
@@ -47,25 +68,78 @@ def verify_manifest(ckpt: Path) -> str | None:
         return "no MANIFEST.json (incomplete write)"
     try:
         manifest = json.loads(m.read_text())
-    except json.JSONDecodeError as e:
+        files = manifest["files"]
+        assert isinstance(files, dict)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError) as e:
         return f"MANIFEST.json unreadable: {e}"
-    for rel, info in manifest["files"].items():
+    root = ckpt.resolve()
+    for rel, info in files.items():
         p = ckpt / rel
+        if root not in p.resolve().parents:
+            return f"MANIFEST.json names a file outside the checkpoint: {rel}"
         if not p.is_file():
             return f"missing file {rel}"
-        if p.stat().st_size != info["size"]:
+        if not isinstance(info, dict) or p.stat().st_size != info.get("size"):
             return f"size mismatch for {rel}"
-        if _sha256(p) != info["sha256"]:
+        if _sha256(p) != info.get("sha256"):
             return f"checksum mismatch for {rel}"
     return None
 
 
+def unsafe_content(ckpt: Path) -> str | None:
+    """None when every file of the checkpoint is plain data, else the reason it is refused.
+
+    Torch files are scanned, not loaded: `get_unsafe_globals_in_checkpoint` reads the pickle's opcodes and lists
+    the globals it would import."""
+    import torch
+
+    from rlvr.learner.backends import SAFE_TORCH_GLOBALS
+
+    for p in sorted(ckpt.rglob("*")):
+        if not p.is_file():
+            continue
+        rel = p.relative_to(ckpt)
+        if p.suffix in PICKLE_SUFFIXES:
+            return f"{rel} is a pickle file, and loading one runs whatever code it names"
+        if p.suffix == ".pt":
+            try:
+                found = torch.serialization.get_unsafe_globals_in_checkpoint(p)
+            except Exception as e:  # trust boundary: bytes from disk; any failure to parse refuses the file
+                return f"{rel} is not a torch checkpoint archive ({type(e).__name__}: {e})"
+            bad = sorted(set(found) - set(SAFE_TORCH_GLOBALS))
+            if bad:
+                return f"{rel} would import {', '.join(bad[:5])} when loaded (not tensors or plain data)"
+    state = ckpt / "trainer_state" / DRIVER_STATE
+    if not state.is_file():
+        return f"trainer_state/{DRIVER_STATE} is missing (a checkpoint of an older rlvr, or not rlvr's)"
+    return None
+
+
+def write_driver_state(state_dir: Path, state: dict[str, Any]) -> None:
+    write_json(state_dir / DRIVER_STATE, state)
+
+
+def read_driver_state(ckpt: Path) -> dict[str, Any]:
+    path = ckpt / "trainer_state" / DRIVER_STATE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: {path.name} unreadable: {e}") from e
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"checkpoint {ckpt}: {path.name} is not an rlvr driver state (no integer 'step')")
+    return state
+
+
 class RunDir:
-    """`<output_dir>/<run_name>/` with its files and checkpoints."""
+    """`<output_dir>/<run_name>/` with its files and checkpoints. Creating the object touches nothing on disk;
+    `create()` makes the directories."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.ckpts = self.root / "checkpoints"
+        self._verified: dict[str, bool] = {}  # checkpoint name -> manifest verified (once per process)
+
+    def create(self) -> None:
         self.ckpts.mkdir(parents=True, exist_ok=True)
 
     def path(self, name: str) -> Path:
@@ -81,9 +155,13 @@ class RunDir:
     def commit_checkpoint(self, tmp: Path, step: int, keep_last: int) -> Path:
         write_manifest(tmp, step)
         final = self.ckpts / f"step_{step}"
-        if final.exists():
-            shutil.rmtree(final)
+        old = self.ckpts / f".old_step_{step}"
+        if final.exists():  # moved aside, not deleted, until the new one is in place
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        self._verified[final.name] = True  # its manifest was just computed from the files written
         latest_tmp = self.ckpts / "latest.tmp"
         latest_tmp.write_text(final.name + "\n")
         os.replace(latest_tmp, self.ckpts / "latest")
@@ -91,6 +169,7 @@ class RunDir:
         return final
 
     def complete_checkpoints(self) -> list[Path]:
+        """`step_<n>` directories, oldest first (complete or not: see `verified`)."""
         steps = []
         for p in self.ckpts.glob("step_*"):
             try:
@@ -99,29 +178,63 @@ class RunDir:
                 continue
         return [p for _, p in sorted(steps)]
 
+    def verified(self, ckpt: Path) -> str | None:
+        """None when the checkpoint's manifest verifies, else the reason (checked once per process)."""
+        if self._verified.get(ckpt.name):
+            return None
+        reason = verify_manifest(ckpt)
+        self._verified[ckpt.name] = reason is None
+        return reason
+
     def _prune(self, keep_last: int) -> None:
-        for p in self.ckpts.glob(".tmp_step_*"):
+        """Keep the newest `keep_last` verified checkpoints and any unverified ones newer than the oldest of them;
+        delete everything older. With fewer verified checkpoints than that, delete nothing."""
+        for p in [*self.ckpts.glob(".tmp_step_*"), *self.ckpts.glob(".old_step_*")]:
             shutil.rmtree(p, ignore_errors=True)
         ckpts = self.complete_checkpoints()
-        for p in ckpts[:-keep_last]:
-            shutil.rmtree(p, ignore_errors=True)
+        kept = 0
+        for i in range(len(ckpts) - 1, -1, -1):
+            if self.verified(ckpts[i]) is None:
+                kept += 1
+                if kept == max(1, keep_last):
+                    for p in ckpts[:i]:
+                        shutil.rmtree(p, ignore_errors=True)
+                        self._verified.pop(p.name, None)
+                    return
 
     def find_resume(self, resume: str) -> Path | None:
-        """The checkpoint to resume from: `never` -> None; a path -> it (verified); `auto` -> newest intact."""
+        """The checkpoint to resume from: `never` -> None; a path -> it (verified); `auto` -> the newest that
+        verifies, None when there is none. Raises `CheckpointError` for a checkpoint that is not plain data, and
+        when checkpoints exist but none verifies (a silent fresh start would overwrite the run)."""
         if resume == "never":
             return None
         if resume != "auto":
             p = Path(resume)
             reason = verify_manifest(p)
             if reason:
-                raise ValueError(f"--checkpoint.resume {resume}: checkpoint is not usable: {reason}")
+                raise CheckpointError(f"--checkpoint.resume {resume}: checkpoint is not usable: {reason}")
+            _refuse_unsafe(p)
             return p
+        skipped = []
         for p in reversed(self.complete_checkpoints()):
-            reason = verify_manifest(p)
+            reason = self.verified(p)
             if reason is None:
+                _refuse_unsafe(p)
                 return p
+            skipped.append(f"  {p}: {reason}")
             logger.warning("skipping checkpoint %s: %s; trying the previous one", p, reason)
+        if skipped:
+            raise CheckpointError(f"run {self.root} has checkpoints but none is usable:\n" + "\n".join(skipped)
+                                  + f"\nNothing was changed. Restore one of them, or {FRESH_START_HINT}.")
         return None
+
+
+def _refuse_unsafe(ckpt: Path) -> None:
+    reason = unsafe_content(ckpt)
+    if reason:
+        raise CheckpointError(f"checkpoint {ckpt} refused: {reason}. rlvr writes checkpoints as JSON, safetensors "
+                              f"and weights-only torch files; this one was not written by this rlvr or was altered. "
+                              f"Nothing was loaded. Remove it, or {FRESH_START_HINT}.")
 
 
 def write_json(path: Path, data: Any) -> None:

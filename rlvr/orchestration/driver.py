@@ -8,7 +8,8 @@ fails the run.
 
 from __future__ import annotations
 
-import pickle
+import dataclasses
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -24,13 +25,13 @@ from rlvr.config import ExperimentConfig
 from rlvr import faults
 from rlvr.orchestration.accounting import PromptLedger
 from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, describe
-from rlvr.orchestration.checkpoint import RunDir
+from rlvr.orchestration.checkpoint import CheckpointError, RunDir, read_driver_state, write_driver_state
 from rlvr.orchestration.rollouts import RolloutFeeder, engine_get, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
 from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
 from rlvr.telemetry.logs import get_logger
 from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
-from rlvr.types import Group, PackedBatch, Sample
+from rlvr.types import Group, PackedBatch, PromptRequest, Sample, SamplingParams
 
 logger = get_logger(__name__)
 
@@ -64,6 +65,7 @@ class Trainer:
         self.budget = (cfg.rollout.async_steps + 1) * cfg.rollout.prompts_per_step
         self.signals: Any = None  # StopSignals of the process, set by run.train
         self.stopped = False
+        self.saved_step = -1  # the step of the last checkpoint written or restored
         self.engine_restarts = 0
         self.watch = EngineWatch(len(actors.engines), cfg.cluster.heartbeat_timeout_s)
         self.shaping = ShapingConfig(cfg.generation.max_new_tokens, a.overlong_buffer, a.overlong_penalty,
@@ -343,17 +345,29 @@ class Trainer:
                     self.timeout)
         if faults.due("slow_checkpoint", self.step):
             time.sleep(5.0)  # fault injection: a signal or kill lands in the middle of the write
-        with open(state / "driver.pkl", "wb") as f:
-            pickle.dump({"step": self.step, "ledger": self.ledger.state_dict(),
-                         "feeder": self.feeder.state_dict(self.ledger.in_flight)}, f)
-        return self.run_dir.commit_checkpoint(tmp, self.step, self.cfg.checkpoint.keep_last)
+        feeder = self.feeder.state_dict(self.ledger.in_flight)
+        feeder["requeue"] = [request_to_json(r) for r in feeder["requeue"]]
+        write_driver_state(state, {"step": self.step, "ledger": self.ledger.state_dict(), "feeder": feeder})
+        final = self.run_dir.commit_checkpoint(tmp, self.step, self.cfg.checkpoint.keep_last)
+        self.saved_step = self.step
+        return final
 
     def restore(self, ckpt: Path) -> None:
+        """Load a checkpoint that `RunDir.find_resume` verified and scanned: the driver's JSON state first, then
+        every learner's weights and weights-only optimizer/RNG state."""
+        d = read_driver_state(ckpt)
+        try:
+            d["feeder"]["requeue"] = [request_from_json(r) for r in d["feeder"]["requeue"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {ckpt}: driver state holds a malformed prompt request: {e}") from e
         state = ckpt / "trainer_state"
-        ray.get([lrn.load.remote(str(state), str(ckpt)) for lrn in self.actors.learners], timeout=self.timeout)
-        with open(state / "driver.pkl", "rb") as f:
-            d = pickle.load(f)  # noqa: S301 - our own checkpoint
-        self.step = d["step"]
+        try:
+            ray.get([lrn.load.remote(str(state), str(ckpt)) for lrn in self.actors.learners], timeout=self.timeout)
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, ValueError):  # the learner refused the checkpoint's contents
+                raise CheckpointError(f"checkpoint {ckpt}: {e.cause}") from None
+            raise
+        self.step = self.saved_step = d["step"]
         self.ledger.load_state_dict(d["ledger"])
         self.feeder.load_state_dict(d["feeder"])
         self.pending = []  # groups collected ahead of the checkpoint are regenerated (their ids are in flight)
@@ -403,8 +417,14 @@ class Trainer:
 
     def _stop(self, last: dict[str, float]) -> dict[str, float]:
         """A stop signal: checkpoint (prompts in flight are re-queued on resume) and report preemption."""
-        logger.warning("stop requested (%s) at step %d: writing a checkpoint", self.signals.requested, self.step)
-        self.save_checkpoint()
+        if self.step == 0:  # nothing trained: a fresh start later loses nothing
+            logger.warning("stop requested (%s) before the first step: no checkpoint needed", self.signals.requested)
+        elif self.saved_step == self.step:
+            logger.warning("stop requested (%s) at step %d: its checkpoint is already written", self.signals.requested,
+                           self.step)
+        else:
+            logger.warning("stop requested (%s) at step %d: writing a checkpoint", self.signals.requested, self.step)
+            self.save_checkpoint()
         self.stopped = True
         return last
 
@@ -465,6 +485,19 @@ class Trainer:
     def close(self) -> None:
         for f in (self.metrics_file, self.eval_file, self.samples_file):
             f.close()
+
+
+def request_to_json(r: PromptRequest) -> dict[str, Any]:
+    """A prompt request as JSON data. Metadata values JSON cannot hold (rare: bytes or dates from a Parquet
+    column) are stored as their str()."""
+    return json.loads(json.dumps(dataclasses.asdict(r), default=str))
+
+
+def request_from_json(d: dict[str, Any]) -> PromptRequest:
+    fields = {f.name for f in dataclasses.fields(PromptRequest)}
+    if not isinstance(d, dict) or set(d) - fields:
+        raise ValueError(f"unexpected fields {sorted(set(d) - fields) if isinstance(d, dict) else type(d).__name__}")
+    return PromptRequest(**{**d, "sampling": SamplingParams(**d.get("sampling", {}))})
 
 
 def _source_drops(stream: Any) -> dict[str, int]:

@@ -60,6 +60,15 @@ def ray_executable() -> str:
     return candidate if os.path.exists(candidate) else (shutil.which("ray") or "ray")
 
 
+def _stop_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux prctl PR_SET_PDEATHSIG), so a head in
+    its own session does not outlive a driver killed with SIGKILL."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 def _descendants(pid: int) -> list:
     """psutil handles of every process under pid (Ray's agents are grandchildren, under the raylet)."""
     import psutil  # a Ray dependency
@@ -100,6 +109,11 @@ class LocalRayHead:
     """Ray temp dir (None: a fresh short directory under the system temp dir, removed by `stop()`)."""
     startup_timeout_s: float = 120.0
     """Seconds to wait for the GCS and the dashboard (job API) to accept connections."""
+    include_dashboard: bool = True
+    """Start the dashboard (the job API `rlvr launch` submits to); `rlvr train` needs none."""
+    own_session: bool = False
+    """Start the head in its own session, so that a signal to the caller's process group (Ctrl-C, Slurm's
+    SIGTERM) does not reach the Ray processes; it is still stopped (SIGTERM) when the caller dies."""
     port: int = field(default_factory=free_port)
     dashboard_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -125,6 +139,8 @@ class LocalRayHead:
                "--dashboard-port", str(self.dashboard_port), "--temp-dir", self.temp_dir,
                "--ray-client-server-port", str(free_port()),
                "--dashboard-agent-listen-port", str(free_port())]
+        if not self.include_dashboard:
+            cmd += ["--include-dashboard", "false"]
         if self.num_cpus is not None:
             cmd += ["--num-cpus", str(self.num_cpus)]
         if self.num_gpus is not None:
@@ -132,9 +148,12 @@ class LocalRayHead:
         log_path = os.path.join(self.temp_dir, "ray_start.log")
         env = {**os.environ, **token_auth_env(), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=self.own_session,
+                                         preexec_fn=_stop_with_parent if self.own_session else None)
         deadline = time.monotonic() + self.startup_timeout_s
-        while not (port_open("127.0.0.1", self.port) and port_open("127.0.0.1", self.dashboard_port)):
+        while not (port_open("127.0.0.1", self.port)
+                   and (not self.include_dashboard or port_open("127.0.0.1", self.dashboard_port))):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 with open(log_path, errors="replace") as f:

@@ -1,22 +1,38 @@
 """`rlvr train`: prepare inputs (before any actor or GPU is claimed), start Ray and the actors, run, shut down.
 
-Order matters for failing fast: config -> run dir (writable, disk space) -> model/tokenizer -> every dataset
-row checked -> reward names -> only then Ray, placement and actors. A learner failure restarts the run from
-its last complete checkpoint (up to `cluster.max_restarts`); SIGINT/SIGTERM checkpoint and exit with
-`EXIT_PREEMPTED`; every actor is shut down by handle on the way out.
+Order matters for failing fast: config -> run dir (which one, checkpoint usable and safe, model compatible: all
+read-only) -> run dir created (writable, disk space), config.yaml -> model/tokenizer -> every dataset row
+checked -> reward names -> only then Ray, placement and actors. A start that fails before Ray removes the run
+directory it created; an existing directory is only used when it is an rlvr run directory (has config.yaml).
+
+Which run: `--logging.run-name` names it; without one, `--checkpoint.resume auto` continues the newest
+unfinished run in the output directory whose config fingerprint (the config minus `logging` and
+`checkpoint.resume`, in run.json) is the same, so the same command resumes after a preemption; a finished run is
+never continued (a new one starts). A run directory is locked (flock) while a driver uses it.
+
+Signals: SIGINT/SIGTERM only set a flag from the moment `train` starts (a signal during start-up exits with
+`EXIT_PREEMPTED` once start-up is done, nothing lost); the Ray head rlvr starts runs in its own session so a
+signal to the whole process group (Ctrl-C, Slurm) reaches the driver only, and the driver decides: checkpoint,
+shut the actors down, exit `EXIT_PREEMPTED`. A learner failure restarts the run from its last complete
+checkpoint (up to `cluster.max_restarts`); every actor is shut down by handle on the way out.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import hashlib
+import json
 import os
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.config import ExperimentConfig, check_resources, to_yaml
-from rlvr.orchestration.checkpoint import RunDir
+from rlvr.orchestration.checkpoint import FRESH_START_HINT, CheckpointError, RunDir, write_json
 from rlvr.orchestration.health import EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe
 from rlvr.telemetry.logs import get_logger, setup_logging
 
@@ -82,18 +98,36 @@ def _check_output_dir(cfg: ExperimentConfig, run_dir: RunDir) -> None:
                          f"--checkpoint.min-free-gb is {cfg.checkpoint.min_free_gb:g}")
 
 
-def _start_ray(cfg: ExperimentConfig) -> bool:
+def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tuple[bool, Any]:
+    """Connect to the configured cluster, or start a local head in its own session and connect to it. Returns
+    (whether this call initialised Ray, the local head or None). SIGINT/SIGTERM are held back while ray.init
+    runs (it installs a SIGTERM handler that exits at once) and handed to `signals` afterwards."""
     import ray
 
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
-        return False
-    if address:
+        return False, None
+    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
+    head = None
+    if not address:
+        from rlvr.orchestration.local_cluster import LocalRayHead
+
+        need = (cfg.cluster.num_learners + cfg.cluster.num_engines) * cfg.cluster.cpus_per_actor
+        head = LocalRayHead(num_cpus=max(os.cpu_count() or 1, int(need) + 1), include_dashboard=False,
+                            own_session=True).start()
+        address = head.address
+    held = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
         ray.init(address=address, log_to_driver=True)
-        return False
-    need = (cfg.cluster.num_learners + cfg.cluster.num_engines) * cfg.cluster.cpus_per_actor
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(need) + 1), include_dashboard=False, log_to_driver=True)
-    return True
+        if signals is not None:
+            signals.reinstall()
+    except BaseException:
+        if head is not None:
+            head.stop()
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)  # a signal that came meanwhile is handled now
+    return True, head
 
 
 def _device(cfg: ExperimentConfig) -> str:
@@ -242,9 +276,164 @@ def shutdown_actors(actors: Actors) -> None:
         actors.factory.release()
 
 
+RUN_STATE = "run.json"
+"""Per run directory: {"config": fingerprint, "status": running | preempted | finished, "step", "started"}."""
+_SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size")
+
+
+def config_fingerprint(cfg: ExperimentConfig) -> str:
+    """What makes two commands the same run: the whole config but `logging` and `checkpoint.resume`."""
+    d = dataclasses.asdict(cfg)
+    d.pop("logging", None)
+    d.get("checkpoint", {}).pop("resume", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class RunLock:
+    """An exclusive flock on `<run dir>/.lock`, held while a driver uses the run directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.path, self.fd = root / ".lock", -1
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _in_use(root: Path) -> bool:
+    if not (root / ".lock").exists():
+        return False
+    lock = RunLock(root)
+    if lock.acquire():
+        lock.release()
+        return False
+    return True
+
+
+def read_run_state(root: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((root / RUN_STATE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def write_run_state(run_dir: RunDir, cfg: ExperimentConfig, status: str, step: int | None = None) -> None:
+    old = read_run_state(run_dir.root)
+    write_json(run_dir.path(RUN_STATE), {"config": config_fingerprint(cfg), "status": status,
+                                         "step": step if step is not None else old.get("step", 0),
+                                         "started": old.get("started", time.time()), "updated": time.time()})
+
+
+def _check_output_parent(cfg: ExperimentConfig) -> None:
+    """The output directory is a directory we can write into, or can be created (checked without creating)."""
+    out = Path(cfg.checkpoint.output_dir)
+    flag = f"--checkpoint.output-dir {cfg.checkpoint.output_dir}"
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: {existing} is not writable")
+
+
+def _check_run_root(root: Path) -> None:
+    flag = f"--logging.run-name {root.name}"
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise ValueError(f"{flag}: {root} is a file, not a run directory")
+    if any(root.iterdir()) and not (root / "config.yaml").is_file():
+        raise ValueError(f"{flag}: {root} exists and is not an rlvr run directory (it has no config.yaml); nothing "
+                         "was written: choose another --logging.run-name or --checkpoint.output-dir")
+    if _in_use(root):
+        raise ValueError(f"{flag}: {root} is in use by another rlvr process")
+
+
+def _unfinished_run(out: Path, fingerprint: str) -> Path | None:
+    """The newest run directory under `out` with this config fingerprint that did not finish and is not in use."""
+    if not out.is_dir():
+        return None
+    found = []
+    for d in out.iterdir():
+        if not (d / "config.yaml").is_file():
+            continue
+        state = read_run_state(d)
+        if state.get("config") == fingerprint and state.get("status") != "finished" and not _in_use(d):
+            found.append((float(state.get("started", 0.0)), d.name, d))
+    return max(found)[2] if found else None
+
+
+def select_run_dir(cfg: ExperimentConfig) -> RunDir:
+    """The run directory this command uses (nothing is created here)."""
+    _check_output_parent(cfg)
+    out = Path(cfg.checkpoint.output_dir)
+    if cfg.logging.run_name:
+        root = out / cfg.logging.run_name
+        _check_run_root(root)
+        return RunDir(root)
+    if cfg.checkpoint.resume == "auto":
+        found = _unfinished_run(out, config_fingerprint(cfg))
+        if found is not None:
+            logger.warning("continuing run %s: it has the same config and did not finish (give --logging.run-name "
+                           "to choose a run, or --checkpoint.resume never to start a new one)", found)
+            return RunDir(found)
+    name = time.strftime("rlvr-%Y%m%d-%H%M%S")
+    root, n = out / name, 1
+    while root.exists():
+        n += 1
+        root = out / f"{name}-{n}"
+    return RunDir(root)
+
+
 def run_dir_for(cfg: ExperimentConfig) -> RunDir:
-    name = cfg.logging.run_name or time.strftime("rlvr-%Y%m%d-%H%M%S")
-    return RunDir(Path(cfg.checkpoint.output_dir) / name)
+    return select_run_dir(cfg)
+
+
+def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Architecture fields the configured model will have, as far as known without building or downloading it."""
+    m = cfg.model
+    if m.path == "builtin:tiny":
+        return {"model_type": "qwen2", "hidden_size": m.tiny_hidden_size, "num_hidden_layers": m.tiny_num_layers,
+                "num_attention_heads": m.tiny_num_heads, "num_key_value_heads": m.tiny_num_heads,
+                "intermediate_size": 4 * m.tiny_hidden_size}
+    if m.path.startswith("builtin:"):
+        from rlvr.data.shaped_models import SHAPES
+
+        return dict(SHAPES.get(m.path.split(":", 1)[1], {}))
+    config_json = Path(m.path) / "config.json"
+    try:
+        return json.loads(config_json.read_text()) if config_json.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--model.path {m.path}: config.json unreadable: {e}") from e
+
+
+def check_compatible(cfg: ExperimentConfig, ckpt: Path) -> None:
+    """Refuse (before anything is written) to resume a checkpoint of a model with another architecture."""
+    try:
+        saved = json.loads((ckpt / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: config.json unreadable: {e}") from e
+    want = _expected_shape(cfg)
+    diffs = [f"{k} {saved[k]} in the checkpoint, {want[k]} in the config" for k in _SHAPE_KEYS
+             if k in saved and k in want and saved[k] != want[k]]
+    if diffs:
+        raise CheckpointError(f"cannot resume from {ckpt}: its model differs from the configured one ({'; '.join(diffs)})."
+                              f" Nothing was changed. Resume with the model settings it was trained with, or "
+                              f"{FRESH_START_HINT}.")
 
 
 @dataclass
@@ -256,6 +445,9 @@ class Prepared:
     tokenizer: Any
     stream: Any
     eval_requests: list
+    lock: RunLock | None = None
+    created: bool = False
+    """This start created the run directory (it is removed again if the start fails before any step)."""
 
     @property
     def pad_token_id(self) -> int:
@@ -263,33 +455,68 @@ class Prepared:
         return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
 
 
-def prepare(cfg: ExperimentConfig) -> Prepared:
-    """Run dir (writable, disk space), config.yaml, model directory, tokenizer, every dataset row, eval prompts."""
-    run_dir = run_dir_for(cfg)
-    _check_output_dir(cfg, run_dir)
-    setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
-    run_dir.path("config.yaml").write_text(to_yaml(cfg))
-    logger.info("run directory %s", run_dir.root)
-    model_dir = prepare_model(cfg, run_dir)
-    from transformers import AutoTokenizer
+def _created_dirs(root: Path) -> Path | None:
+    """The topmost directory that creating `root` would make (None when it exists)."""
+    top = None
+    p = root
+    while not p.exists():
+        top, p = p, p.parent
+    return top
 
-    from rlvr.data import PromptStream, eval_requests
 
-    tok_path = cfg.model.tokenizer_path or model_dir
+def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None) -> Prepared:
+    """Run dir (chosen, checkpoint usable, model compatible, writable, disk space), config.yaml, model directory,
+    tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed, and a run
+    directory created here is removed. `run_dir` and `resume` are given when a run restarts."""
+    run_dir = run_dir or select_run_dir(cfg)
+    if run_dir.root.is_dir():  # an rlvr run: what resume finds is logged with the run's events
+        setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
+    ckpt = run_dir.find_resume(resume or cfg.checkpoint.resume)
+    if ckpt is not None:
+        check_compatible(cfg, ckpt)
+    created = _created_dirs(run_dir.root)
+    lock: RunLock | None = None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"tokenizer at {tok_path} could not be loaded: {e}") from e
-    if cfg.data.apply_chat_template and not (tokenizer.chat_template or cfg.model.chat_template):
-        raise ValueError(f"tokenizer at {tok_path} has no chat template: set --model.chat-template or "
-                         "--data.apply-chat-template False")
-    known = _known_verifiers(cfg)
-    from rlvr.rewards.scorer import RewardScorer
+        try:
+            run_dir.create()
+        except OSError as e:
+            raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: cannot create {run_dir.root} "
+                             f"({e.strerror or e})") from e
+        lock = RunLock(run_dir.root)
+        if not lock.acquire():
+            lock = None
+            raise ValueError(f"run directory {run_dir.root} is in use by another rlvr process")
+        _check_output_dir(cfg, run_dir)
+        setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
+        run_dir.path("config.yaml").write_text(to_yaml(cfg))
+        write_run_state(run_dir, cfg, "running")
+        logger.info("run directory %s%s", run_dir.root, f", resuming from {ckpt.name}" if ckpt else "")
+        model_dir = prepare_model(cfg, run_dir)
+        from transformers import AutoTokenizer
 
-    RewardScorer(cfg.rewards)  # unknown reward names and bad params fail here, before any actor starts
-    stream = PromptStream(cfg, tokenizer, known)  # every row checked here, before Ray starts
-    evals = eval_requests(cfg, tokenizer, known) if (cfg.eval.every_n_steps or cfg.eval.at_step_0) else []
-    return Prepared(run_dir, model_dir, tokenizer, stream, evals)
+        from rlvr.data import PromptStream, eval_requests
+
+        tok_path = cfg.model.tokenizer_path or model_dir
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(tok_path)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"tokenizer at {tok_path} could not be loaded: {e}") from e
+        if cfg.data.apply_chat_template and not (tokenizer.chat_template or cfg.model.chat_template):
+            raise ValueError(f"tokenizer at {tok_path} has no chat template: set --model.chat-template or "
+                             "--data.apply-chat-template False")
+        known = _known_verifiers(cfg)
+        from rlvr.rewards.scorer import RewardScorer
+
+        RewardScorer(cfg.rewards)  # unknown reward names and bad params fail here, before any actor starts
+        stream = PromptStream(cfg, tokenizer, known)  # every row checked here, before Ray starts
+        evals = eval_requests(cfg, tokenizer, known) if (cfg.eval.every_n_steps or cfg.eval.at_step_0) else []
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        if created is not None:  # a failed start leaves no stub run directory behind
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    return Prepared(run_dir, model_dir, tokenizer, stream, evals, lock, created is not None)
 
 
 def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume: str | None = None) -> Any:
@@ -308,47 +535,84 @@ def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume:
     return trainer
 
 
-def train(cfg: ExperimentConfig) -> int:
-    """Run training; returns the exit status (0 ok, EXIT_PREEMPTED after a signal, 130 on KeyboardInterrupt)."""
-    prep = prepare(cfg)
+def train(cfg: ExperimentConfig, signals: StopSignals | None = None) -> int:
+    """Run training; returns the exit status (0 done, EXIT_PREEMPTED after a signal). `signals`: handlers the
+    caller installed earlier (the CLI does, before parsing), else they are installed here, first thing."""
+    if signals is None:
+        with StopSignals() as own:
+            return train(cfg, own)
+    if not (cfg.cluster.address or os.environ.get("RAY_ADDRESS")):
+        from rlvr.orchestration.local_cluster import token_auth_env
+
+        # rlvr starts the head: it and this process's client must agree on token authentication, and Ray's
+        # client reads the mode when it is first imported, so it is set before anything imports ray
+        os.environ.update(token_auth_env())
+    return _train_prepared(cfg, prepare(cfg), signals)
+
+
+def _preempted(cfg: ExperimentConfig, prep: Prepared, step: int, what: str) -> int:
+    write_run_state(prep.run_dir, cfg, "preempted", step)
+    logger.warning("%s (%s, step %d)", PREEMPTED_MESSAGE, what, step)
+    return EXIT_PREEMPTED
+
+
+def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals) -> int:
     import ray
 
-    started = _start_ray(cfg)
-    device = _device(cfg)
+    started, head = False, None
     restarts, resume = 0, cfg.checkpoint.resume
     try:
-        with StopSignals() as signals:
-            while True:
-                actors, trainer = Actors(), None
-                try:
-                    actors = create_actors(cfg, prep.model_dir, device)
-                    trainer = build_trainer(cfg, prep, actors, resume)
-                    trainer.signals = signals
-                    final = trainer.run()
-                    if trainer.stopped:
-                        logger.warning("%s (step %d)", PREEMPTED_MESSAGE, trainer.step)
-                        return EXIT_PREEMPTED
-                    logger.info("done at step %d: %s", trainer.step, {k: round(v, 4) for k, v in final.items()
-                                                                      if k.startswith(("eval/reward", "reward/total"))})
-                    return 0
-                except LearnerFailure as e:
-                    if restarts >= cfg.cluster.max_restarts:
-                        raise RuntimeError(f"{e}; --cluster.max-restarts {cfg.cluster.max_restarts} used up") from e
-                    restarts += 1
-                    logger.error("%s: restarting the run from its last complete checkpoint (%d of %d)",
-                                 e, restarts, cfg.cluster.max_restarts)
-                    resume = "auto"
-                finally:
-                    if trainer is not None:
-                        trainer.close()
-                    shutdown_actors(actors)
-                prep = prepare(cfg)  # a fresh prompt stream; the checkpoint restores its position
-    except KeyboardInterrupt:
-        logger.warning("interrupted: shut down")
-        return 130
+        if signals.requested:  # during start-up: nothing trained yet, nothing to save
+            return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), "before Ray started")
+        started, head = _start_ray(cfg, signals)
+        device = _device(cfg)
+        while True:
+            actors, trainer = Actors(), None
+            try:
+                actors = create_actors(cfg, prep.model_dir, device)
+                trainer = build_trainer(cfg, prep, actors, resume)
+                trainer.signals = signals
+                final = trainer.run()
+                if trainer.stopped:
+                    return _preempted(cfg, prep, trainer.step, "checkpoint written" if trainer.step else "nothing "
+                                      "trained yet")
+                write_run_state(prep.run_dir, cfg, "finished", trainer.step)
+                logger.info("done at step %d: %s", trainer.step, {k: round(v, 4) for k, v in final.items()
+                                                                  if k.startswith(("eval/reward", "reward/total"))})
+                return 0
+            except LearnerFailure as e:
+                if restarts >= cfg.cluster.max_restarts:
+                    raise RuntimeError(f"{e}; --cluster.max-restarts {cfg.cluster.max_restarts} used up") from e
+                restarts += 1
+                logger.error("%s: restarting the run from its last complete checkpoint (%d of %d)",
+                             e, restarts, cfg.cluster.max_restarts)
+                resume = "auto"
+            finally:
+                if trainer is not None:
+                    trainer.close()
+                shutdown_actors(actors)
+            if signals.requested:  # the signal came while the run restarted: its last checkpoint stands
+                return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), "during a restart")
+            prep.lock.release()  # a fresh prompt stream; the checkpoint restores its position
+            prep = prepare(cfg, prep.run_dir, resume)
+    except BaseException:
+        _remove_if_stub(prep)
+        raise
     finally:
         if started:
             ray.shutdown()
+        if head is not None:
+            head.stop()
+        if prep.lock is not None:
+            prep.lock.release()
+
+
+def _remove_if_stub(prep: Prepared) -> None:
+    """A start that failed before its first step leaves no run directory behind (the error was printed)."""
+    metrics = prep.run_dir.path("metrics.jsonl")
+    if prep.created and not prep.run_dir.complete_checkpoints() and not (metrics.is_file() and metrics.stat().st_size):
+        logger.warning("removing %s: the run failed before its first step", prep.run_dir.root)
+        shutil.rmtree(prep.run_dir.root, ignore_errors=True)
 
 
 def _wandb(cfg: ExperimentConfig, run_dir: RunDir) -> Any:

@@ -3,14 +3,15 @@
 The group is built directly from a TCPStore + ProcessGroupGloo, outside the default torch.distributed world,
 so learners keep their own data-parallel group and engines need none. Rank 0 is the sender (learner rank 0),
 ranks 1..N are engines. Protocol per sync (INTERFACES.md §4): metadata (names, dtypes, shapes) goes first as
-one pickled byte tensor, then the tensors in that fixed order, flattened into buckets of at most
+one JSON byte tensor (data only: a peer's bytes are never unpickled; unknown dtypes or malformed shapes are
+refused with ValueError), then the tensors in that fixed order, flattened into buckets of at most
 `bucket_bytes` per dtype (one broadcast per bucket, not per tensor). Each side reports seconds and bytes.
 """
 
 from __future__ import annotations
 
 import datetime
-import pickle
+import json
 import time
 from collections.abc import Iterable, Iterator
 
@@ -18,6 +19,27 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_BUCKET_BYTES = 64 << 20
+_DTYPES = {str(dt).removeprefix("torch."): dt for dt in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+    torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
+
+Meta = list[tuple[str, torch.dtype, tuple[int, ...]]]
+
+
+def encode_meta(meta: Meta) -> bytes:
+    return json.dumps([[name, str(dt).removeprefix("torch."), list(shape)] for name, dt, shape in meta]).encode()
+
+
+def decode_meta(payload: bytes) -> Meta:
+    """The sender's (name, dtype, shape) list; ValueError for anything but that."""
+    try:
+        raw = json.loads(payload.decode())
+        meta = [(str(name), _DTYPES[dt], tuple(int(d) for d in shape)) for name, dt, shape in raw]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"weight-sync metadata from the sender is malformed: {type(e).__name__}: {e}") from None
+    if any(d < 0 for _, _, shape in meta for d in shape):
+        raise ValueError("weight-sync metadata from the sender has a negative dimension")
+    return meta
 
 
 class GlooWeightGroup:
@@ -43,7 +65,7 @@ class GlooWeightGroup:
         self._broadcast(buf)
         return buf.numpy().tobytes()
 
-    def _buckets(self, meta: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> list[list[int]]:
+    def _buckets(self, meta: Meta) -> list[list[int]]:
         buckets: list[list[int]] = []
         size, dtype = 0, None
         for i, (_, dt, shape) in enumerate(meta):
@@ -61,7 +83,7 @@ class GlooWeightGroup:
         t0 = time.perf_counter()
         items = [(n, t.detach().to("cpu").contiguous()) for n, t in named_tensors]
         meta = [(n, t.dtype, tuple(t.shape)) for n, t in items]
-        self._broadcast_bytes(pickle.dumps(meta))
+        self._broadcast_bytes(encode_meta(meta))
         total = 0
         buckets = self._buckets(meta)
         for bucket in buckets:
@@ -73,7 +95,7 @@ class GlooWeightGroup:
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Ranks > 0: yield (name, tensor) in the sender's order (consume it fully)."""
-        meta = pickle.loads(self._broadcast_bytes(None))  # noqa: S301 - peer is our own learner rank 0
+        meta = decode_meta(self._broadcast_bytes(None))
         for bucket in self._buckets(meta):
             dtype = meta[bucket[0]][1]
             numels = [torch.Size(meta[i][2]).numel() for i in bucket]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -96,8 +95,8 @@ def test_resume_async_keeps_prompt_accounting(tmp_path, ray_cluster):
     cmd = _cmd(tmp_path, "async", extra)
     _run_and_kill_after(cmd, tmp_path / "async" / "checkpoints" / "step_3")
     _run(cmd)
-    with open(tmp_path / "async" / "checkpoints" / "step_6" / "trainer_state" / "driver.pkl", "rb") as f:
-        ledger = pickle.load(f)["ledger"]
+    state = tmp_path / "async" / "checkpoints" / "step_6" / "trainer_state" / "driver.json"
+    ledger = json.loads(state.read_text())["ledger"]
     states = ledger["state"]
     trained = [pid for pid, s in states.items() if s == "trained"]
     assert len(trained) == len(set(trained))
