@@ -3,8 +3,9 @@
 Per-token surrogates (ALGORITHMS.md §2), with rho_t = exp(l_t - l_old_t) and A the sample's advantage:
 - "dapo", "grpo", "dr_grpo": clipped surrogate (PPO; GRPO = DeepSeekMath eq. 3; DAPO "clip-higher" with
   separate eps_low / eps_high): L_t = -min(c1 * A, clip(rho, 1 - eps_low, 1 + eps_high) * A), c1 = rho, or
-  c1 = min(rho, delta) with dual clip (Ye et al. 2020, "Mastering complex control in MOBA games"), which
-  bounds the loss of negative-advantage tokens by delta * |A|.
+  with dual clip (Ye et al. 2020, "Mastering complex control in MOBA games") L_t = -max(that, delta * A) where
+  A < 0: it bounds the loss of negative-advantage tokens by delta * |A| and never touches positive ones (so a
+  delta below 1 + eps_high cannot clip positive-advantage tokens early).
 - "gspo" (Zheng et al. 2025, GSPO): the same clip applied to the sequence ratio
   s_i = exp(sum_t m (l - l_old) / sum_t m), differentiable and broadcast to every token of the sample.
   (GSPO's paper uses much smaller clip ranges, ~3e-4/4e-4: that is a preset choice, not enforced here.)
@@ -87,9 +88,11 @@ class LossConfig:
 
 
 def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, config: LossConfig) -> torch.Tensor:
-    c1 = ratio if config.clip_delta is None else torch.clamp(ratio, max=config.clip_delta)
     clipped = torch.clamp(ratio, 1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
-    return -torch.minimum(c1 * advantages, clipped * advantages)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+    if config.clip_delta is not None:  # dual clip bounds negative-advantage tokens only, whatever delta is
+        surrogate = torch.where(advantages < 0, torch.maximum(surrogate, config.clip_delta * advantages), surrogate)
+    return -surrogate
 
 
 def surrogate_loss(

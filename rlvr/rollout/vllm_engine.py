@@ -418,6 +418,12 @@ class VLLMEngine:
     async def _finish_update(self, version: int) -> dict[str, float]:
         t0 = time.perf_counter()
         try:
+            # vLLM logs "RotaryEmbedding: Failed to load weights" here at every update. It is harmless: vLLM's
+            # layerwise reload (model_loader/reload/layerwise.py, finalize_layerwise_processing) counts the
+            # rotary layer's cos_sin_cache buffer as loadable, an update (like any HF checkpoint) carries no
+            # rotary tensor, so vLLM warns and puts the layer's existing cache back. That cache is a function of
+            # the config alone (rope theta, head dim, max positions) and never trained; the teacher-forced
+            # log-prob match after a sync (tests/gpu, about 1e-3) shows the positions are right.
             await self._llm.finish_weight_update()
             self._version = version
             if not self.inflight_updates and self.cfg.rollout.vllm_enable_prefix_caching and not self._asleep:

@@ -42,6 +42,18 @@ def test_clipped_surrogate_hand() -> None:
     torch.testing.assert_close(dual, _t([-1.28, 0.8, 3.0, -1.1]))  # dual clip bounds the negative-A loss at 3|A|
 
 
+def test_dual_clip_never_touches_positive_advantages() -> None:
+    """A delta below 1 + eps_high (1.1 < 1.28) used to clip positive-advantage tokens with ratio in (1.1, 1.28]:
+    their loss was -1.1 A with no gradient. Dual clip bounds negative advantages only."""
+    lp = torch.tensor([math.log(1.2), math.log(1.2)], dtype=torch.float64, requires_grad=True)
+    adv, mask = _t([1.0, -1.0]), _t([1.0, 1.0])
+    loss, _ = surrogate_loss(lp, torch.zeros(2, dtype=torch.float64), adv, mask, LossConfig(clip_delta=1.1))
+    torch.testing.assert_close(loss.detach(), _t([-1.2, 1.1]))  # positive: the plain ratio; negative: bounded
+    loss.sum().backward()
+    assert lp.grad is not None and lp.grad[0].item() == pytest.approx(-1.2)  # d(-rho A)/d logp = -rho A
+    assert lp.grad[1].item() == 0.0
+
+
 def test_clip_metrics_hand() -> None:
     lp = _t([math.log(1.5), math.log(0.5), math.log(4.0), math.log(1.1)])
     _, m = policy_loss(lp, torch.zeros_like(lp), _t([1.0, -1.0, -1.0, 1.0]), torch.ones_like(lp),

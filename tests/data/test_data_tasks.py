@@ -82,3 +82,39 @@ def test_copy_reward_hand_cases(completion: str, target: str, expected: float) -
 def test_copy_reward_numeric_ground_truth() -> None:
     assert copy_reward("13", {"ground_truth": 13}) == 1.0
     assert copy_reward("12", {"ground_truth": "13"}) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("completion", "finish", "expected"),
+    [
+        ("bdac", "stop", 1.0),  # the exact string, then a stop: the only way to score 1
+        ("bdac", "length", 4 / 5),  # right characters but cut at the token limit: no credit for the end
+        ("bdab", "stop", 4 / 5),  # a wrong character; stopping after 4 characters still earns the end slot
+        ("bda", "stop", 3 / 5),  # stopped one character early: the end slot is not earned
+        ("bdacc", "stop", 4 / 6),  # ran on past the answer
+        ("", "stop", 0.0),
+        ("bdac", "abort", 4 / 5),
+    ],
+)
+def test_copy_reward_asks_for_the_stop_when_the_finish_reason_is_known(completion: str, finish: str,
+                                                                       expected: float) -> None:
+    assert copy_reward(completion, {"ground_truth": "bdac", "finish_reason": finish}) == pytest.approx(expected)
+
+
+def test_scorer_passes_the_finish_reason_to_reward_functions() -> None:
+    """The trainer's scoring path (driver) and `rlvr eval` (score_samples) put the engine's finish_reason into
+    the metadata the reward functions see: a cut-off exact string is not `correct`."""
+    from rlvr.eval.runner import score_samples
+    import rlvr.rewards.builtin  # noqa: F401  (registers the built-in verifiers, "copy" among them)
+    from rlvr.rewards.scorer import RewardScorer, RewardsSettings
+    from rlvr.types import Sample
+
+    def sample(text: str, finish: str) -> Sample:
+        return Sample(prompt_id="p:0:0", sample_index=0, prompt_token_ids=[1], completion_token_ids=[2, 3, 4, 5, 0],
+                      completion_text=text, logprobs=[-0.1] * 5, finish_reason=finish,
+                      metadata={"ground_truth": "bdac", "verifier": "copy"}, version_start=0, version_end=0)
+
+    scorer = RewardScorer(RewardsSettings())
+    stopped, cut = score_samples(scorer, [sample("bdac", "stop"), sample("bdac", "length")])
+    assert stopped.total == pytest.approx(1.0) and stopped.correct
+    assert cut.total == pytest.approx(0.8) and not cut.correct
