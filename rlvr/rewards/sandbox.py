@@ -2,23 +2,30 @@
 
 Tests are a list whose items are either `{"input": str, "output": str}` (stdin/stdout case: the program runs
 once per case; passed when it exits 0 and its stdout equals `output` up to whitespace) or a string of Python
-code run after the program in the same namespace (assert-based: passed when it raises nothing).
+code run against the program's names (assert-based: passed when it raises nothing). Assert tests run in the
+trusted launcher against handles on the program's objects in a child (sandbox_rpc.py): only plain data comes
+back, so an object that equals everything, a patched builtin or a forged report cannot pass a test.
 
-`LocalSandboxExecutor` isolation, strongest available (`isolation_level()` says which):
+`LocalSandboxExecutor` isolation, strongest available (`isolation_level()` says which; `describe()` says it
+and the memory cap in force):
 - "namespaces" (root and `unshare` works): the launcher (sandbox_launcher.py) runs in new pid, net, mount,
-  ipc and uts namespaces with a private /tmp; untrusted code runs as uid/gid 65534 with rlimits.
-- "userns" (not root, unprivileged user namespaces allowed): the same namespaces inside a user namespace; the
-  code keeps our (unprivileged) uid.
-- "rlimits" (neither): rlimits, a fresh session and, as root, uid 65534; the scratch dir is a host temp dir
-  removed afterwards. Weaker: no network or filesystem isolation.
-Limits (`SandboxLimits`): per-test wall and CPU time, address space, file size, process count, output size.
+  ipc and uts namespaces and pivots into a minimal read-only root with private tmpfs /tmp and /dev/shm;
+  untrusted code runs as a fresh per-sample uid with no capabilities, no_new_privs and rlimits.
+- "userns" (not root, unprivileged user namespaces allowed): the same inside a user namespace; the code runs
+  as the namespace's uid 0 (our uid outside) with every capability dropped, the bounding set emptied and
+  SECBIT_NOROOT locked, so it cannot unmount, remount or ptrace anything.
+- "rlimits" (neither): rlimits, a fresh session and, as root, a per-sample uid; the scratch dir is a host
+  temp dir removed afterwards. Weaker: no network or filesystem isolation (README, Security and reliability).
+Memory (`memory_cap()`): as root, a cgroup per sample ("cgroup2" or "cgroup1": memory and pids limits on the
+whole sample); otherwise "rlimits": RLIMIT_NPROC is lowered so processes x RLIMIT_AS <= the total budget.
+The launcher is always started with a minimal environment, so no secret of ours is visible to the program.
 
 `RemoteExecutor` posts JSON to a user's sandbox service (stdlib urllib): request
 `{"program": str, "tests": [...], "max_execution_time": float}`, response `{"results": [0/1 or bool, ...]}`
 (open-instruct's code API shape; `"passed"` is accepted for `"results"`).
 
 Invariants: `run` never raises for anything the program does; it returns one bool per test (all False
-when the sandbox itself failed) and the sandbox's processes and scratch dir are gone when it returns.
+when the sandbox itself failed) and the sandbox's processes, cgroup and scratch dir are gone when it returns.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -34,21 +42,25 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-NOBODY = 65534
+from rlvr.rewards.sandbox_cgroup import SampleCgroup, memory_cap
+
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _NS_FLAGS = ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
+_LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"}
+_SAMPLE_UIDS = (1 << 20, 1 << 24)  # per-sample uids for root modes: unused by real accounts, never reused at once
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits for one sandboxed program run."""
 
-    test_timeout_s: float = 4.0  # wall and CPU seconds per test (the whole assert suite gets (n+1) x this)
+    test_timeout_s: float = 4.0  # wall seconds per stdio test; an assert test gets 2x (load + test code)
     memory_bytes: int = 512 * 1024 * 1024  # RLIMIT_AS of each process
+    total_memory_bytes: int = 1024 * 1024 * 1024  # whole sample: cgroup memory.max, or nproc x AS <= this
     file_size_bytes: int = 16 * 1024 * 1024  # RLIMIT_FSIZE: largest file it may write (stdout included)
-    num_processes: int = 32  # RLIMIT_NPROC for the sandbox uid
+    num_processes: int = 32  # RLIMIT_NPROC / pids.max when a cgroup holds the memory budget
     max_output_bytes: int = 1024 * 1024  # stdout read back for comparison
-    tmp_size_mb: int = 64  # size of the private /tmp (namespace modes)
+    tmp_size_mb: int = 64  # size of the private /tmp and /dev/shm (namespace modes)
 
 
 class CodeExecutor(Protocol):
@@ -57,19 +69,22 @@ class CodeExecutor(Protocol):
     def run(self, program: str, tests: list[Any]) -> list[bool]: ...
 
 
+def _ns_prefix(level: str) -> list[str]:
+    unshare = shutil.which("unshare") or "unshare"
+    return [unshare, *_NS_FLAGS] if level == "namespaces" else [unshare, "--user", "--map-root-user", *_NS_FLAGS]
+
+
 @functools.cache
 def isolation_level() -> str:
     """"namespaces", "userns" or "rlimits": the strongest isolation that works here (cached)."""
     if shutil.which("unshare") is None:
         return "rlimits"
-    flags = _NS_FLAGS if os.geteuid() == 0 else ["--user", "--map-root-user", *_NS_FLAGS]
+    level = "namespaces" if os.geteuid() == 0 else "userns"
     try:
-        probe = subprocess.run(["unshare", *flags, "true"], capture_output=True, timeout=10)
+        probe = subprocess.run([*_ns_prefix(level), "true"], capture_output=True, timeout=10, env=_LAUNCHER_ENV)
     except (OSError, subprocess.TimeoutExpired):
         return "rlimits"
-    if probe.returncode != 0:
-        return "rlimits"
-    return "namespaces" if os.geteuid() == 0 else "userns"
+    return level if probe.returncode == 0 else "rlimits"
 
 
 def _world_traversable(path: str) -> bool:
@@ -80,48 +95,89 @@ def _world_traversable(path: str) -> bool:
 class LocalSandboxExecutor:
     """The default executor: runs programs locally in `sandbox_launcher.py` (module docstring)."""
 
-    def __init__(self, limits: SandboxLimits | None = None, python: str | None = None) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, python: str | None = None, level: str | None = None,
+                 memory_cap_kind: str | None = None) -> None:
+        """`level` / `memory_cap_kind` force a weaker mode than the detected one ("rlimits"; tests, benchmarks)."""
         self.limits = limits or SandboxLimits()
-        self.level = isolation_level()
+        self.level = level or isolation_level()
+        self.memory_cap = memory_cap_kind or memory_cap()
+        if self.level not in ("namespaces", "userns", "rlimits") or self.memory_cap not in ("cgroup2", "cgroup1", "rlimits"):
+            raise ValueError(f"unknown sandbox level {self.level!r} or memory cap {self.memory_cap!r}")
         base = os.path.realpath(sys.executable)
         if python is None and self.level == "rlimits" and os.geteuid() == 0 and not _world_traversable(base):
-            python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")  # uid 65534 must reach it
+            python = shutil.which("python3", path="/usr/bin:/bin:/usr/local/bin")  # the sample uid must reach it
         self.python = python or base
+
+    def num_processes(self) -> int:
+        """RLIMIT_NPROC of the program: the configured count under a cgroup, else what the budget allows."""
+        if self.memory_cap != "rlimits":
+            return self.limits.num_processes
+        fit = max(1, self.limits.total_memory_bytes // self.limits.memory_bytes)
+        # in a user namespace the launcher shares the program's uid, so it counts against the limit too
+        return min(self.limits.num_processes, fit) + (self.level == "userns")
+
+    def describe(self) -> dict:
+        """What is in force: isolation level, memory cap kind and the resulting process limit."""
+        return {"isolation": self.level, "memory_cap": self.memory_cap, "num_processes": self.num_processes(),
+                "total_memory_bytes": self.limits.total_memory_bytes, "memory_bytes": self.limits.memory_bytes}
+
+    def _deadline(self, tests: list[Any]) -> float:
+        per_test = [1.0 if isinstance(t, dict) else 2.0 for t in tests]
+        return self.limits.test_timeout_s * sum(per_test) + 2.0 * len(tests) + 15.0
 
     def run(self, program: str, tests: list[Any]) -> list[bool]:
         """One bool per test; all False if the sandbox failed or ran out of time."""
-        if not tests:
-            return []
+        return self._run(program, tests, return_outputs=False)[0] if tests else []
+
+    def run_capture(self, program: str, stdin: str = "") -> str | None:
+        """The stdout of `program` run once on `stdin` in the sandbox (diagnostics and tests), None on failure."""
+        outputs = self._run(program, [{"input": stdin, "output": ""}], return_outputs=True)[1]
+        return outputs[0] if outputs else None
+
+    def _run(self, program: str, tests: list[Any], return_outputs: bool) -> tuple[list[bool], list[str]]:
         namespaced = self.level in ("namespaces", "userns")
-        drop_uid = NOBODY if os.geteuid() == 0 else None
-        scratch_parent = None
+        # a fresh uid per sample (root): its processes, rlimits and files are its own, and kill(-1) as it is exact
+        drop_uid = _SAMPLE_UIDS[0] + secrets.randbelow(_SAMPLE_UIDS[1]) if os.geteuid() == 0 else None
+        scratch_parent = cgroup = None
+        prefix: list[str] = []
         if namespaced:
-            workdir = "/tmp/work"
-            prefix = ["unshare", *_NS_FLAGS] if self.level == "namespaces" else \
-                ["unshare", "--user", "--map-root-user", *_NS_FLAGS]
+            workdir, prefix = "/tmp/work", _ns_prefix(self.level)
             if self.level == "userns":
                 drop_uid = None  # only our own uid is mapped in the user namespace
         else:
             scratch_parent = tempfile.mkdtemp(prefix="rlvr-sandbox-")
-            os.chmod(scratch_parent, 0o711)  # uid 65534 may enter its workdir but not list the parent
+            os.chmod(scratch_parent, 0o711)  # the sample uid may enter its workdir but not list the parent
             workdir = os.path.join(scratch_parent, "work")
             os.mkdir(workdir, 0o700)
-            prefix = []
-        job = {"program": program, "tests": tests, "limits": asdict(self.limits), "python": self.python,
-               "workdir": workdir, "drop_uid": drop_uid, "namespaced": namespaced}
-        num_runs = sum(isinstance(t, dict) for t in tests) + (len(tests) + 1) * any(isinstance(t, str) for t in tests)
-        deadline = self.limits.test_timeout_s * (num_runs + 1) + 10.0
+        limits = {**asdict(self.limits), "num_processes": self.num_processes()}
         try:
+            cgroup = SampleCgroup.create(self.memory_cap, self.limits) if self.memory_cap != "rlimits" else None
+            job = {"program": program, "tests": tests, "limits": limits, "python": self.python, "workdir": workdir,
+                   "drop_uid": drop_uid, "namespaced": namespaced,
+                   "cgroup_procs": cgroup.procs_files if cgroup else [], "return_outputs": return_outputs}
             proc = subprocess.run([*prefix, os.path.realpath(sys.executable), "-I", "-S", _LAUNCHER],
-                                  input=json.dumps(job).encode(), capture_output=True, timeout=deadline)
-            passed = json.loads(proc.stdout)["passed"]
-            return [bool(p) for p in passed][:len(tests)] + [False] * max(0, len(tests) - len(passed))
+                                  input=json.dumps(job).encode(), capture_output=True, env=_LAUNCHER_ENV,
+                                  timeout=self._deadline(tests))
+            result = json.loads(proc.stdout)
+            passed = result["passed"]
+            outputs = [str(o) for o in result.get("outputs", [])]
+            return [p is True for p in passed][:len(tests)] + [False] * max(0, len(tests) - len(passed)), outputs
         except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired):
             # Trust boundary: whatever went wrong in the sandbox, the program passed nothing.
-            return [False] * len(tests)
+            return [False] * len(tests), []
         finally:
+            if cgroup is not None:
+                cgroup.close()
+            if not namespaced and drop_uid is not None:
+                _kill_uid(drop_uid)  # anything of the sample that outlived a launcher killed on timeout
             if scratch_parent is not None:
                 subprocess.run(["rm", "-rf", "--one-file-system", scratch_parent], capture_output=True, timeout=60)
+
+
+def _kill_uid(uid: int) -> None:
+    code = f"import os, signal\nos.setresuid({uid}, {uid}, {uid})\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass"
+    subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", code], capture_output=True, timeout=30,
+                   env=_LAUNCHER_ENV)
 
 
 class RemoteExecutor:

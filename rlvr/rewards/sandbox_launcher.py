@@ -1,224 +1,344 @@
 """The sandbox launcher: runs one program against its tests; executed as a script, stdlib only.
 
-Started by `LocalSandboxExecutor` (rlvr/rewards/sandbox.py), normally as
-`unshare --pid --net --mount --ipc --uts --fork --kill-child --mount-proc python -I sandbox_launcher.py`,
-so it is PID 1 of a fresh pid namespace, alone in a network namespace with only a down loopback, and in a
-private mount namespace. It reads one job (JSON) on stdin and writes one result (JSON) on stdout.
+Started by `LocalSandboxExecutor` (rlvr/rewards/sandbox.py) with an explicit minimal environment, normally as
+`unshare [--user --map-root-user] --pid --net --mount --ipc --uts --fork --kill-child --mount-proc python -I -S
+sandbox_launcher.py`, so it is PID 1 of a fresh pid namespace, alone in a network namespace with only a down
+loopback, in a private mount namespace. It reads one job (JSON) on stdin and writes one result (JSON) on stdout.
 
 Invariants:
-- In namespace mode it mounts private tmpfs over /tmp, /var/tmp and /dev/shm (the scratch dir lives there, so
-  it vanishes with the namespace and no sample sees another's files), and, when the interpreter lives under
-  a directory the unprivileged user cannot enter (e.g. /root/.pyenv), a tmpfs over that directory with only
-  the interpreter's prefix bound back in (which also hides the rest of it).
-- Untrusted code runs only in children that called setsid, set the rlimits (CPU, address space, file size,
-  open files, processes, no core) and, when we are root, dropped to uid/gid `drop_uid` with no
-  supplementary groups and no_new_privs, before exec.
-- After each test every other process of the namespace is SIGKILLed (kill(-1) from PID 1), and the kernel
-  kills whatever is left when the launcher exits.
-- Assert tests report through a results file with a per-run random nonce; a test counts as passed only if the
-  harness wrote "<nonce> <index> 1" after the assertion ran. A program that calls os._exit(0) passes nothing.
+- Namespace modes: before any program runs, the launcher pivots into a fresh tmpfs root holding read-only binds
+  of /usr, /bin, /lib*, /sbin, a few /etc files, the interpreter's prefix and /dev/{null,zero,full,random,
+  urandom}, a new /proc, and private tmpfs /tmp and /dev/shm; the host root is detached and the root itself is
+  remounted read-only. Nothing of $HOME, /run, /var or /work is in the tree, so unmounting anything reveals an
+  empty directory, and the only writable places are the private tmpfs mounts.
+- Untrusted code runs only in children that called setsid, set rlimits, raised their own OOM score, dropped the
+  capability bounding set, ambient and inheritable capabilities, locked SECBIT_NOROOT (uid 0 gets no
+  capabilities on exec), switched to the per-sample uid as root, cleared all capabilities and set
+  no_new_privs, before exec: CapEff, CapPrm and CapBnd are 0 in the program in the namespace modes.
+- The launcher is non-dumpable and keeps capabilities the program lacks, so the program cannot read its memory,
+  environment or file descriptors through /proc or ptrace; as PID 1 it cannot be signalled from inside.
+- The program never holds the tests: expected outputs and assert tests stay in this process. Stdio tests
+  compare the child's stdout (a memfd) with the expected output here; assert tests run here against the
+  program's objects through sandbox_rpc.py, one fresh child per test.
+- After each test every other process of the sample is SIGKILLed and reaped (kill(-1) from PID 1; in the
+  rlimits mode, kill(-1) as the sample uid when root, else the process group and every orphan re-parented to
+  the launcher as a child subreaper).
 """
 
 import ctypes
+import fcntl
 import json
 import os
 import resource
-import secrets
 import signal
 import subprocess
 import sys
+import time
+import types
 
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_DETACH = 2, 4, 4096, 16384, 2
-
-HARNESS = r"""
-import ast, os, signal, sys, types
-def _make_report(nonce, out):
-    def report(i, ok):
-        out.write("%s %d %d\n" % (nonce, i, ok))
-    return report
-_report = _make_report(os.environ.pop("RLVR_NONCE"), os.fdopen(int(sys.argv[3]), "w", buffering=1))
-tests = ast.literal_eval(open(sys.argv[2]).read())
-timeout = float(sys.argv[4])
-class _Timeout(BaseException):
-    pass
-def _alarm(signum, frame):
-    raise _Timeout()
-signal.signal(signal.SIGALRM, _alarm)
-# The solution gets its own __main__ module, so `import __main__` does not reach the harness.
-module = types.ModuleType("__main__")
-sys.modules["__main__"] = module
-g = module.__dict__
-try:
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    exec(compile(open(sys.argv[1]).read(), "solution.py", "exec"), g)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-except BaseException:
-    sys.exit(1)
-for i, test in enumerate(tests):
-    ok = 0
-    try:
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        exec(compile(test, "test_%d.py" % i, "exec"), g)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        ok = 1
-    except BaseException:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-    _report(i, ok)
-"""
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 24, 28, 38, 47
+PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT_CLEAR_ALL = 36, 4
+# SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+SECURE_BITS = 0x01 | 0x02 | 0x40 | 0x80
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+HERE = os.path.dirname(os.path.abspath(__file__))
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _libc_call(name: str, *args: object) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
+def _check(name: str, rc: int) -> None:
+    if rc != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"{name}{args}: {os.strerror(err)}")
+        raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    _libc_call("mount", source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-               data.encode() if data else None)
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = (lambda s: s.encode() if s is not None else None)
+    _check(f"mount {target}", _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)))
 
 
-def _blocked_ancestor(path: str) -> str | None:
-    """The topmost directory on `path` that others cannot traverse (no o+x), or None."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts) + 1):
-        d = "/" + "/".join(parts[:i])
-        if os.path.isdir(d) and not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-
-def _isolate_filesystem(python: str, tmp_size_mb: int) -> None:
-    opts = f"size={tmp_size_mb}m,mode=1777"
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    for d in ("/var/tmp", "/dev/shm"):
-        if os.path.isdir(d):
-            _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
-    blocked = _blocked_ancestor(prefix)
-    if blocked is not None:
-        staging = "/tmp/.rlvr-python"
-        os.mkdir(staging, 0o755)
-        _mount(prefix, staging, None, MS_BIND | MS_REC)
-        _mount("tmpfs", blocked, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        os.makedirs(prefix, mode=0o755, exist_ok=True)
-        _mount(staging, prefix, None, MS_BIND | MS_REC)
-        _libc_call("umount2", staging.encode(), MS_DETACH)
-
-
-def _child_setup(limits: dict, drop_uid: int | None) -> None:
-    """Runs in the forked child before exec: new session, rlimits, then drop privileges."""
-    os.setsid()
-    cpu = int(limits["cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"], limits["memory_bytes"]))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_bytes"], limits["file_size_bytes"]))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["num_processes"], limits["num_processes"]))
-    if drop_uid is not None:
-        os.setgroups([])
-        os.setgid(drop_uid)
-        os.setuid(drop_uid)
-    ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: setuid binaries cannot regain privileges
-
-
-def _kill_others(namespaced: bool, proc: subprocess.Popen) -> None:
-    if namespaced:
-        try:
-            os.kill(-1, signal.SIGKILL)  # from PID 1 of the namespace: every other process in it
-        except ProcessLookupError:
-            pass
+def _bind_readonly(source: str, target: str) -> None:
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
     else:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    _mount(source, target, None, MS_BIND | MS_REC)
+    with open("/proc/self/mountinfo") as f:  # the bind and every mount under it, each made read-only
+        points = [line.split()[4] for line in f]
+    for point in points:
+        if point == target or point.startswith(target.rstrip("/") + "/"):
+            st = os.statvfs(point)
+            keep = st.f_flag & (os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC | os.ST_NOATIME | os.ST_RELATIME)
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | keep)
+
+
+def _build_root(python: str, tmp_size_mb: int) -> None:
+    """Pivot into a minimal read-only tree (module docstring); the host root is detached afterwards."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    new = "/tmp"  # any directory will do: this tmpfs exists only in our mount namespace
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), new + host)
+        elif os.path.isdir(host):
+            _bind_readonly(host, new + host)
+    for name in ETC_FILES:
+        if os.path.exists("/etc/" + name):
+            _bind_readonly("/etc/" + name, f"{new}/etc/{name}")
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))
+    if not os.path.exists(new + prefix):
+        _bind_readonly(prefix, new + prefix)
+    os.makedirs(new + "/dev")
+    _mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEVICES:
+        open(f"{new}/dev/{name}", "a").close()
+        _mount("/dev/" + name, f"{new}/dev/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{new}/dev/{name}")
+    for d in ("/tmp", "/dev/shm"):
+        os.makedirs(new + d)
+        _mount("tmpfs", new + d, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_size_mb}m,mode=1777")
+    os.makedirs(new + "/var")
+    os.symlink("/tmp", new + "/var/tmp")
+    os.makedirs(new + "/proc")
+    _mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.makedirs(new + "/.old")
+    _check("pivot_root", _libc.syscall(155, new.encode(), (new + "/.old").encode()))  # SYS_pivot_root (x86_64)
+    os.chdir("/")
+    _check("umount old root", _libc.umount2(b"/.old", MNT_DETACH))
+    os.rmdir("/.old")
+    _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: bool) -> None:
+    """Runs in the forked child before exec: new session, rlimits, no capabilities, then exec (docstring)."""
+    os.setsid()
+    for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)  # the launcher ignores these; the program gets the defaults
     try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # the program, not the launcher, is what an OOM kill should take
+    except OSError:
         pass
+    cpu = int(limits["cpu_s"])
+    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_CORE, (0, 0)),
+                       (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2), (resource.RLIMIT_NOFILE, (64, 64)),
+                       (resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2),
+                       (resource.RLIMIT_NPROC, (limits["num_processes"],) * 2)):
+        resource.setrlimit(res, value)
+    if privileged:  # CAP_SETPCAP: empty the bounding set and lock uid 0 out of capabilities on exec
+        for cap in range(cap_last + 1):
+            _check("capbset_drop", _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0))
+        _check("securebits", _libc.prctl(PR_SET_SECUREBITS, SECURE_BITS, 0, 0, 0))
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    if uid is not None:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
+    _check("capset", _libc.capset(ctypes.byref(header), data))
+    _check("no_new_privs", _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
 
 
-def _run(job: dict, argv: list[str], stdin_path: str, stdout_path: str, env: dict, wall_s: float,
-         cpu_s: int, pass_fds: tuple[int, ...] = ()) -> tuple[int | None, str]:
-    limits = {**job["limits"], "cpu_s": cpu_s}
-    with open(stdin_path, "rb") as fin, open(stdout_path, "wb") as fout:
-        proc = subprocess.Popen(argv, stdin=fin, stdout=fout, stderr=subprocess.DEVNULL, cwd=job["workdir"],
-                                env=env, preexec_fn=lambda: _child_setup(limits, job["drop_uid"]),
-                                close_fds=True, pass_fds=pass_fds)
+class Sandbox:
+    """Spawns and kills the program's processes for one job (see the module docstring)."""
+
+    def __init__(self, job: dict, stub_source: str) -> None:
+        self.job, self.limits, self.stub_source = job, job["limits"], stub_source
+        self.namespaced, self.uid = job["namespaced"], job["drop_uid"]
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            self.cap_last = int(f.read())
+        self.privileged = os.geteuid() == 0  # root of the host or of our user namespace: we hold CAP_SETPCAP
+        self.env = {"PATH": "/usr/bin:/bin", "HOME": job["workdir"], "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+        if not self.namespaced:
+            _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come to us, so we can kill them
+        self.program_fd = os.memfd_create("solution.py", os.MFD_ALLOW_SEALING)
+        os.write(self.program_fd, job["program"].encode("utf-8", "replace"))
+        fcntl.fcntl(self.program_fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+
+    def spawn(self, args: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...], cpu_s: float) -> subprocess.Popen:
+        os.lseek(self.program_fd, 0, os.SEEK_SET)
+        limits = {**self.limits, "cpu_s": cpu_s}
+        argv = [self.job["python"], "-I", "-S", "-c", self.stub_source, *args]  # HERE is not in the sandbox tree
+        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, cwd=self.job["workdir"],
+                                env=self.env, close_fds=True, pass_fds=(self.program_fd, *pass_fds),
+                                preexec_fn=lambda: _drop_privileges(limits, self.uid, self.cap_last, self.privileged))
+
+    def kill_all(self, proc: subprocess.Popen) -> None:
+        if self.namespaced:
+            try:
+                os.kill(-1, signal.SIGKILL)  # from PID 1 of the namespace: every other process in it
+            except ProcessLookupError:
+                pass
+        else:
+            if self.uid is not None:
+                helper = os.fork()
+                if helper == 0:  # as the sample uid, kill(-1) reaches exactly the sample's processes
+                    try:
+                        os.setresuid(self.uid, self.uid, self.uid)
+                        os.kill(-1, signal.SIGKILL)
+                    finally:
+                        os._exit(0)
+                os.waitpid(helper, 0)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._reap()
+        proc.returncode = proc.returncode if proc.returncode is not None else -9
+
+    def _reap(self) -> None:
+        if self.namespaced:  # everything is dead already; collect the zombies
+            while True:
+                try:
+                    os.waitpid(-1, 0)
+                except ChildProcessError:
+                    return
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end:  # orphans re-parented to us (subreaper): kill each generation as it comes
+            self._kill_children()
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                time.sleep(0.01)
+
+    def _kill_children(self) -> None:
+        me = os.getpid()
         try:
-            rc = proc.wait(timeout=wall_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        _kill_others(job["namespaced"], proc)
-    with open(stdout_path, "rb") as f:
-        out = f.read(job["limits"]["max_output_bytes"]).decode("utf-8", "replace")
-    return rc, out
+            with open(f"/proc/{me}/task/{me}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except OSError:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def run_stdio(self, test: dict, timeout: float, outputs: list[str]) -> bool:
+        stdin, stdout = os.memfd_create("stdin"), os.memfd_create("stdout")
+        try:
+            os.write(stdin, str(test.get("input", "")).encode("utf-8", "replace"))
+            os.lseek(stdin, 0, os.SEEK_SET)
+            proc = self.spawn(["stdio", str(self.program_fd)], stdin, stdout, (), cpu_s=int(timeout) + 1)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+            self.kill_all(proc)
+            out = os.pread(stdout, self.limits["max_output_bytes"], 0).decode("utf-8", "replace")
+            outputs.append(out)
+        finally:
+            os.close(stdin)
+            os.close(stdout)
+        return rc == 0 and out.split() == str(test.get("output", "")).split()
+
+    def run_assert(self, test: str, timeout: float, rpc) -> bool:
+        request_r, request_w = os.pipe()
+        reply_r, reply_w = os.pipe()
+        proc = None
+        try:
+            proc = self.spawn(["rpc", str(self.program_fd), str(request_r), str(reply_w)], subprocess.DEVNULL,
+                              subprocess.DEVNULL, (request_r, reply_w), cpu_s=2 * timeout + 1)
+            os.close(request_r)
+            os.close(reply_w)
+            request_r = reply_w = -1
+            channel = rpc.Channel(request_w, reply_r, deadline=time.monotonic() + 2 * timeout)
+            # the handler is armed only while a test runs: a program that sends us SIGALRM fails its own test
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, 2 * timeout + 0.5)  # bounds the trusted test code too
+            try:
+                return rpc.run_assert_test(test, channel)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        except _Timeout:
+            return False
+        finally:
+            for fd in (request_r, request_w, reply_r, reply_w):
+                if fd >= 0:
+                    os.close(fd)
+            if proc is not None:
+                self.kill_all(proc)
 
 
-def _outputs_match(actual: str, expected: str) -> bool:
-    return actual.split() == expected.split()
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise _Timeout()
+
+
+def _load_rpc() -> tuple[types.ModuleType, str]:
+    """sandbox_rpc.py as a module (trusted side) and as source (run by each child with -c)."""
+    with open(os.path.join(HERE, "sandbox_rpc.py"), encoding="utf-8") as f:
+        source = f.read()
+    module = types.ModuleType("sandbox_rpc")
+    sys.modules["sandbox_rpc"] = module
+    exec(compile(source, "sandbox_rpc.py", "exec"), module.__dict__)
+    return module, source
+
+
+def _join_cgroups(procs_files: list[str]) -> None:
+    for path in procs_files:
+        with open(path, "w") as f:
+            f.write("0")
 
 
 def main() -> None:
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # /proc/1/{mem,environ,fd} need CAP_SYS_PTRACE over us now
     job = json.loads(sys.stdin.buffer.read())
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    _join_cgroups(job.get("cgroup_procs") or [])
+    if os.geteuid() == 0:
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("-1000")
+        except OSError:
+            pass
+    rpc, stub_source = _load_rpc()  # before the pivot: HERE is not in the sandbox's tree
     limits = job["limits"]
     if job["namespaced"]:
-        _isolate_filesystem(job["python"], limits["tmp_size_mb"])
+        _build_root(job["python"], limits["tmp_size_mb"])
         os.makedirs(job["workdir"], mode=0o700, exist_ok=True)
-    workdir, uid = job["workdir"], job["drop_uid"]
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-        os.chmod(workdir, 0o700)
-    # Files the launcher (root) opens by path live in a root-owned dir that the program can enter but not
-    # list or modify: a path inside the workdir could be swapped for a symlink (to /etc/passwd, a FIFO...).
-    private = os.path.join(os.path.dirname(workdir), f".rlvr-launcher-{secrets.token_hex(8)}")
-    os.mkdir(private, 0o711)
-    program_path = os.path.join(private, "solution.py")
-    with open(program_path, "w", encoding="utf-8") as f:
-        f.write(job["program"])
-    os.chmod(program_path, 0o644)
-    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8",
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    python, timeout = job["python"], float(limits["test_timeout_s"])
-    stdout_path = os.path.join(private, "stdout")
+    if job["drop_uid"] is not None:
+        os.chown(job["workdir"], job["drop_uid"], job["drop_uid"])
+    os.chmod(job["workdir"], 0o700)
+    # as PID 1, signals without a handler are dropped when they come from inside the namespace: keep it so
+    for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_IGN)
+    sandbox = Sandbox(job, stub_source)
+    timeout = float(limits["test_timeout_s"])
     passed: list[bool] = []
-    stdio = [t for t in job["tests"] if isinstance(t, dict)]
-    asserts = [t for t in job["tests"] if isinstance(t, str)]
-    for i, test in enumerate(stdio):
-        stdin_path = os.path.join(private, f"in{i}")
-        with open(stdin_path, "w", encoding="utf-8") as f:
-            f.write(str(test.get("input", "")))
-        rc, out = _run(job, [python, "-I", "-S", program_path], stdin_path, stdout_path, env,
-                       wall_s=timeout, cpu_s=int(timeout) + 1)
-        passed.append(rc == 0 and _outputs_match(out, str(test.get("output", ""))))
-    if asserts:
-        nonce = secrets.token_hex(16)
-        tests_path = os.path.join(private, "tests")
-        harness_path = os.path.join(private, "harness.py")
-        results_path = os.path.join(private, "results")
-        for path, text in ((tests_path, repr(asserts)), (harness_path, HARNESS)):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(path, 0o644)
-        results_fd = os.open(results_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        budget = timeout * (len(asserts) + 1)
-        argv = [python, "-I", "-S", harness_path, program_path, tests_path, str(results_fd), str(timeout)]
+    outputs: list[str] = []
+    for test in job["tests"]:
         try:
-            _run(job, argv, os.devnull, stdout_path, {**env, "RLVR_NONCE": nonce}, wall_s=budget + 1.0,
-                 cpu_s=int(budget) + 1, pass_fds=(results_fd,))
-        finally:
-            os.close(results_fd)
-        ok: dict[int, bool] = {}
-        with open(results_path, "rb") as f:
-            for line in f.read(1 << 20).decode("utf-8", "replace").splitlines():
-                parts = line.split()
-                if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit():
-                    ok.setdefault(int(parts[1]), parts[2] == "1")
-        passed.extend(ok.get(i, False) for i in range(len(asserts)))
-    sys.stdout.write(json.dumps({"passed": passed}))
+            if isinstance(test, dict):
+                passed.append(sandbox.run_stdio(test, timeout, outputs))
+            else:
+                passed.append(sandbox.run_assert(str(test), timeout, rpc))
+        except Exception:  # trust boundary: a test the sandbox could not run is a failed test
+            passed.append(False)
+    sys.stdout.write(json.dumps({"passed": passed, **({"outputs": outputs} if job.get("return_outputs") else {})}))
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,342 @@
+"""Assert tests without trusting the program: the test code runs in the trusted launcher, the program in a child.
+
+Run as a script (`python -I -S sandbox_rpc.py MODE PROGRAM_FD [REQUEST_FD REPLY_FD]`) this is the untrusted
+side: it executes the program as `__main__` (MODE "stdio": that is all) and, in MODE "rpc", then answers the
+launcher's requests about the program's objects (call, attribute, item, len, iteration, bool, str). Imported
+by sandbox_launcher.py it is the trusted side: `run_assert_test` executes one assert test in a fresh namespace
+of the launcher where every name the program defined is a `Remote` handle (or its plain value, fetched).
+
+Invariants (why a wrong program cannot pass):
+- Only plain data crosses back: None, bool, int, float, str, bytes, complex, and list, tuple, set, frozenset,
+  dict of those, each checked by exact type; anything else (a subclass of int, an object whose __eq__ says
+  True) arrives as a `Remote` handle, which refuses ==, <, hash-free comparisons and `in`.
+- The verdict is whether the trusted test code raised; it is computed in the launcher with its own builtins.
+  The program never holds the tests, the launcher's result channel, or a way into the launcher's memory.
+- Program names that shadow a builtin are not imported into the test namespace (a program `abs` or `len`
+  cannot change what the test computes). Stdlib modules the program imported are re-imported trusted.
+- Whatever the child sends (garbage, nothing, an early exit, a lie) can only make a call fail or return a
+  value the program could have returned itself.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import select
+import sys
+import time
+import types
+from typing import Any, Callable
+
+MAX_MESSAGE_BYTES = 16 << 20
+MAX_DEPTH = 200
+_PLAIN_SCALARS = (type(None), bool, int, float, str)
+_TRUSTED_MODULES = frozenset({"math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "re",
+                              "string", "operator", "fractions", "decimal", "statistics", "typing", "copy",
+                              "datetime", "json", "random", "array", "numbers", "enum", "dataclasses"})
+
+
+class RemoteError(Exception):
+    """The program's side failed to answer (exited, timed out, sent garbage) or raised a non-builtin error."""
+
+
+def encode(x: Any, ref: Callable[[Any], int], depth: int = 0) -> Any:
+    """`x` as JSON-ready plain data, exact types only; other objects become {"ref": ref(obj)}."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nesting too deep")
+    t = type(x)
+    if t is int and x.bit_length() > 52:
+        return {"int": hex(x)}  # hex has no digit limit and keeps JSON numbers exact
+    if t is float and x != x or t is float and x in (float("inf"), float("-inf")):
+        return {"float": repr(x)}
+    if t in _PLAIN_SCALARS:
+        return x
+    if t is list:
+        return [encode(v, ref, depth + 1) for v in x]
+    if t in (tuple, set, frozenset):
+        return {t.__name__: [encode(v, ref, depth + 1) for v in x]}
+    if t is dict:
+        return {"dict": [[encode(k, ref, depth + 1), encode(v, ref, depth + 1)] for k, v in x.items()]}
+    if t is bytes:
+        return {"bytes": x.hex()}
+    if t is complex:
+        return {"complex": [encode(x.real, ref), encode(x.imag, ref)]}
+    return {"ref": ref(x)}
+
+
+def decode(x: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
+    """Inverse of `encode`, strict: raises ValueError on anything `encode` cannot have produced."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nesting too deep")
+    t = type(x)
+    if t in _PLAIN_SCALARS:
+        return x
+    if t is list:
+        return [decode(v, resolve, depth + 1) for v in x]
+    if t is not dict or len(x) != 1:
+        raise ValueError(f"not an encoded value: {type(x).__name__}")
+    (tag, body), = x.items()
+    if tag == "ref" and type(body) is int:
+        return resolve(body)
+    if tag == "int" and type(body) is str:
+        return int(body, 16)
+    if tag == "float" and body in ("nan", "inf", "-inf"):
+        return float(body)
+    if tag == "bytes" and type(body) is str:
+        return bytes.fromhex(body)
+    if type(body) is not list:
+        raise ValueError(f"bad {tag!r} body")
+    items = [decode(v, resolve, depth + 1) for v in body]
+    if tag == "tuple":
+        return tuple(items)
+    if tag == "set":
+        return set(items)
+    if tag == "frozenset":
+        return frozenset(items)
+    if tag == "dict" and all(type(kv) is list and len(kv) == 2 for kv in items):
+        return {k: v for k, v in items}
+    if tag == "complex" and len(items) == 2 and all(type(v) in (int, float) for v in items):
+        return complex(*items)
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+# ---- trusted side (imported by the launcher) ----
+
+class Channel:
+    """Newline-delimited JSON requests to one child, each answered before `deadline` (time.monotonic)."""
+
+    def __init__(self, request_fd: int, reply_fd: int, deadline: float) -> None:
+        self.request_fd, self.reply_fd, self.deadline = request_fd, reply_fd, deadline
+        self.buffer = b""
+        self.remotes: dict[int, Remote] = {}
+
+    def receive(self) -> Any:
+        while b"\n" not in self.buffer:
+            left = self.deadline - time.monotonic()
+            if left <= 0 or not select.select([self.reply_fd], [], [], left)[0]:
+                raise RemoteError("the program did not answer in time")
+            chunk = os.read(self.reply_fd, 1 << 16)
+            if not chunk or len(self.buffer) > MAX_MESSAGE_BYTES:
+                raise RemoteError("the program closed its channel or sent too much")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise RemoteError("malformed reply") from e
+        if type(message) is not dict:
+            raise RemoteError("malformed reply")
+        return message
+
+    def request(self, op: str, ref: int, **fields: Any) -> Any:
+        data = (json.dumps({"op": op, "ref": ref, **fields}) + "\n").encode()
+        try:
+            while data:  # the child reads requests one at a time; a full pipe means it is not listening
+                if not select.select([], [self.request_fd], [], max(0.0, self.deadline - time.monotonic()))[1]:
+                    raise RemoteError("the program stopped reading")
+                data = data[os.write(self.request_fd, data[:1 << 16]):]
+        except OSError as e:
+            raise RemoteError("the program closed its channel") from e
+        reply = self.receive()
+        if "raised" in reply:
+            name = reply["raised"]
+            err = getattr(builtins, name, None) if type(name) is str else None
+            if isinstance(err, type) and issubclass(err, Exception) and err.__module__ == "builtins":
+                raise err("raised by the program")
+            raise RemoteError("the program raised")
+        try:
+            return self.decode(reply["value"]), reply.get("args")
+        except (KeyError, ValueError, TypeError, RecursionError) as e:
+            raise RemoteError("malformed value") from e
+
+    def decode(self, x: Any) -> Any:
+        return decode(x, self.remote)
+
+    def remote(self, ref: int) -> Remote:
+        if ref not in self.remotes:
+            self.remotes[ref] = Remote(self, ref)
+        return self.remotes[ref]
+
+
+def _refuse(self: Remote, *args: Any) -> Any:
+    raise TypeError("objects of the program's own types are not compared; return plain data")
+
+
+class Remote:
+    """A handle on one of the program's objects: calls and attribute reads go to the child; no comparisons."""
+
+    __slots__ = ("_channel", "_ref")
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __contains__ = _refuse
+    __hash__ = object.__hash__
+
+    def __init__(self, channel: Channel, ref: int) -> None:
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_ref", ref)
+
+    def _ask(self, op: str, **fields: Any) -> Any:
+        return self._channel.request(op, self._ref, **fields)[0]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._ask("getattr", name=name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._ask("setattr", name=name, value=encode(value, _ref_of))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        enc = [encode(a, _ref_of) for a in args]
+        value, new_args = self._channel.request("call", self._ref, args=enc,
+                                                kwargs={k: encode(v, _ref_of) for k, v in kwargs.items()})
+        _write_back(args, new_args, self._channel)
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._ask("getitem", key=encode(key, _ref_of))
+
+    def __len__(self) -> int:
+        n = self._ask("len")
+        if type(n) is not int or n < 0:
+            raise RemoteError("bad len")
+        return n
+
+    def __iter__(self) -> Any:
+        items = self._ask("list")
+        if type(items) is not list:
+            raise RemoteError("bad iteration")
+        return iter(items)
+
+    def __bool__(self) -> bool:
+        return self._ask("bool") is True
+
+    def __str__(self) -> str:
+        s = self._ask("str")
+        if type(s) is not str:
+            raise RemoteError("bad str")
+        return s
+
+    def __repr__(self) -> str:
+        return f"<program object #{self._ref}>"
+
+
+def _ref_of(obj: Any) -> int:
+    if type(obj) is Remote:
+        return object.__getattribute__(obj, "_ref")
+    raise TypeError(f"cannot pass a {type(obj).__name__} to the program")
+
+
+def _write_back(args: tuple, new_args: Any, channel: Channel) -> None:
+    """Arguments the program mutated in place (a list it sorted) change in the test too, at the top level."""
+    if type(new_args) is not list or len(new_args) != len(args):
+        return
+    for old, enc in zip(args, new_args):
+        if type(old) in (list, dict, set):
+            new = channel.decode(enc)
+            if type(new) is type(old):
+                old.clear()
+                (old.extend if type(old) is list else old.update)(new)
+
+
+class _TestNamespace(dict):
+    """Globals of one test: program values are fetched on first use, builtins are never shadowed."""
+
+    def __init__(self, channel: Channel, names: dict) -> None:
+        super().__init__(__builtins__=builtins, __name__="__main__")
+        self.channel, self.lazy = channel, {}
+        for name, desc in names.items():
+            if type(name) is not str or name.startswith("__") or hasattr(builtins, name) or type(desc) is not dict:
+                continue
+            module = desc.get("module")
+            if type(module) is str and module in _TRUSTED_MODULES:
+                self[name] = __import__(module)
+            elif desc.get("plain") is True and type(desc.get("ref")) is int:
+                self.lazy[name] = desc["ref"]
+            elif type(desc.get("ref")) is int:
+                self[name] = channel.remote(desc["ref"])
+
+    def __missing__(self, name: str) -> Any:
+        if name not in self.lazy:
+            raise KeyError(name)
+        value = self.channel.request("value", self.lazy.pop(name))[0]
+        self[name] = value
+        return value
+
+
+def run_assert_test(test: str, channel: Channel) -> bool:
+    """True iff the program loaded and `test` ran to the end (trusted code; the caller bounds its time)."""
+    try:
+        hello = channel.receive()
+        if type(hello.get("globals")) is not dict:
+            return False
+        exec(compile(test, "test.py", "exec"), _TestNamespace(channel, hello["globals"]))
+    except Exception:  # trust boundary: any failure of the test, the program or the channel is a failed test
+        return False
+    return True
+
+
+# ---- untrusted side (run as a script in the sandboxed child) ----
+
+def _child(argv: list[str]) -> None:
+    mode, program_fd = argv[0], int(argv[1])
+    with os.fdopen(program_fd, "rb") as f:
+        source = f.read()
+    module = types.ModuleType("__main__")
+    module.__file__ = "solution.py"
+    sys.modules["__main__"] = module
+    code = compile(source, "solution.py", "exec")
+    if mode == "stdio":
+        exec(code, module.__dict__)
+        return
+    requests, replies = os.fdopen(int(argv[2]), "rb"), os.fdopen(int(argv[3]), "wb")
+    objects: list[Any] = []
+    refs: dict[int, int] = {}
+
+    def ref(obj: Any) -> int:
+        if id(obj) not in refs:
+            refs[id(obj)] = len(objects)
+            objects.append(obj)
+        return refs[id(obj)]
+
+    def send(message: dict) -> None:
+        replies.write(json.dumps(message).encode() + b"\n")
+        replies.flush()
+
+    try:
+        exec(code, module.__dict__)
+    except BaseException:
+        send({"failed": "load"})
+        return
+    names = {}
+    for name, value in list(module.__dict__.items()):
+        names[name] = {"ref": ref(value), "plain": type(value) in (*_PLAIN_SCALARS, list, tuple, set, frozenset,
+                                                                     dict, bytes, complex)}
+        if isinstance(value, types.ModuleType):
+            names[name]["module"] = value.__name__
+    send({"globals": names})
+    for line in requests:
+        req = json.loads(line)
+        try:
+            obj = objects[req["ref"]]
+            op, args = req["op"], None
+            if op == "call":
+                args = [decode(a, objects.__getitem__) for a in req["args"]]
+                value = obj(*args, **{k: decode(v, objects.__getitem__) for k, v in req["kwargs"].items()})
+            elif op == "getattr":
+                value = getattr(obj, req["name"])
+            elif op == "setattr":
+                value = setattr(obj, req["name"], decode(req["value"], objects.__getitem__))
+            elif op == "getitem":
+                value = obj[decode(req["key"], objects.__getitem__)]
+            else:
+                value = {"value": lambda o: o, "len": len, "list": list, "bool": bool, "str": str}[op](obj)
+            reply = {"value": encode(value, ref)}
+            if args is not None:
+                reply["args"] = [encode(a, ref) for a in args]
+        except Exception as e:
+            reply = {"raised": type(e).__name__}
+        send(reply)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
