@@ -71,24 +71,25 @@ def parse_train_args(argv: list[str]) -> TrainCommand:
 def _train(argv: list[str]) -> int:
     from rlvr.orchestration.health import StopSignals
 
-    # SIGINT/SIGTERM only set a flag from here on: a signal during parsing or start-up is answered once start-up
-    # is done (exit 75, nothing lost), never by a KeyboardInterrupt traceback or Python's default exit
-    with StopSignals() as signals:
-        try:
-            cmd = parse_train_args(argv)
-        except ConfigError as e:
-            print(f"rlvr train: config error: {e}", file=sys.stderr)
-            return 2
-        if cmd.dry_run:
-            sys.stdout.write(to_yaml(cmd.experiment))
-            return 0
-        from rlvr.orchestration.run import train
+    # SIGINT/SIGTERM only set a flag from here until the process exits: a signal during parsing or start-up is
+    # answered once start-up is done (exit 75, nothing lost), one during shut-down changes nothing; never a
+    # KeyboardInterrupt traceback or Python's default exit. (The handlers are not restored on the way out.)
+    signals = StopSignals().__enter__()
+    try:
+        cmd = parse_train_args(argv)
+    except ConfigError as e:
+        print(f"rlvr train: config error: {e}", file=sys.stderr)
+        return 2
+    if cmd.dry_run:
+        sys.stdout.write(to_yaml(cmd.experiment))
+        return 0
+    from rlvr.orchestration.run import train
 
-        try:
-            return train(cmd.experiment, signals)
-        except ValueError as e:  # bad input found before or during start-up (data rows, model path, checkpoint)
-            print(f"rlvr train: error: {e}", file=sys.stderr)
-            return 2
+    try:
+        return train(cmd.experiment, signals)
+    except ValueError as e:  # bad input found before or during start-up (data rows, model path, checkpoint)
+        print(f"rlvr train: error: {e}", file=sys.stderr)
+        return 2
 
 
 def _not_implemented(name: str, issue: int) -> Callable[[list[str]], int]:

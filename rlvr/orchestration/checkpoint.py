@@ -112,6 +112,10 @@ def unsafe_content(ckpt: Path) -> str | None:
     state = ckpt / "trainer_state" / DRIVER_STATE
     if not state.is_file():
         return f"trainer_state/{DRIVER_STATE} is missing (a checkpoint of an older rlvr, or not rlvr's)"
+    try:
+        read_driver_state(ckpt)
+    except CheckpointError as e:
+        return str(e).split(": ", 1)[-1]
     return None
 
 

@@ -267,6 +267,7 @@ class Trainer:
         if not self.eval_requests:
             return
         self.feeder.eval_samples = []
+        logger.info("eval of step %d started (%d prompts)", self.step, len(self.eval_requests))
         self.eval_inflight = {"step": self.step, "t0": time.perf_counter(), "overlapped": overlapped,
                               "expected": {(r.prompt_id, j) for r in self.eval_requests for j in range(r.num_samples)}}
         n = len(self.actors.engines)

@@ -86,13 +86,6 @@ class StopSignals:
                 self._old[sig] = signal.signal(sig, self._handle)
         return self
 
-    def reinstall(self) -> None:
-        """Take SIGINT/SIGTERM back after a library replaced the handlers (ray.init installs its own SIGTERM
-        handler, which exits at once)."""
-        if self._old:
-            for sig in self._old:
-                signal.signal(sig, self._handle)
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested is not None:

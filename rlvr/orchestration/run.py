@@ -19,6 +19,7 @@ checkpoint (up to `cluster.max_restarts`); every actor is shut down by handle on
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -27,6 +28,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,8 +102,8 @@ def _check_output_dir(cfg: ExperimentConfig, run_dir: RunDir) -> None:
 
 def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tuple[bool, Any]:
     """Connect to the configured cluster, or start a local head in its own session and connect to it. Returns
-    (whether this call initialised Ray, the local head or None). SIGINT/SIGTERM are held back while ray.init
-    runs (it installs a SIGTERM handler that exits at once) and handed to `signals` afterwards."""
+    (whether this call initialised Ray, the local head or None). With `signals`, its handlers stay in place
+    through ray.init."""
     import ray
 
     if ray.is_initialized():
@@ -115,19 +117,48 @@ def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tup
         head = LocalRayHead(num_cpus=max(os.cpu_count() or 1, int(need) + 1), include_dashboard=False,
                             own_session=True).start()
         address = head.address
-    held = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        ray.init(address=address, log_to_driver=True)
-        if signals is not None:
-            signals.reinstall()
+        with _handlers_kept(signals):
+            ray.init(address=address, log_to_driver=True)
     except BaseException:
         if head is not None:
             head.stop()
         raise
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)  # a signal that came meanwhile is handled now
     return True, head
+
+
+@contextlib.contextmanager
+def _handlers_kept(signals: StopSignals | None) -> Iterator[None]:
+    """While active, nothing in this process replaces the SIGINT/SIGTERM handlers of `signals`, and they are
+    installed again on exit. ray.init installs a Python SIGTERM handler that calls sys.exit at once, and its core
+    worker an absl "failure signal handler" (C) that prints a stack and aborts the process on SIGTERM (seen: exit
+    -6 after a Ctrl-C); blocking the signals around ray.init does not help, because another thread may take the
+    signal and the main thread then runs whichever handler is installed at that moment."""
+    if signals is None:
+        yield
+        return
+    original = signal.signal
+    sigs = (signal.SIGINT, signal.SIGTERM)
+
+    def guarded(sig: int, handler: Any) -> Any:
+        if sig in sigs:
+            return signal.getsignal(sig)
+        return original(sig, handler)
+
+    flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # read by Ray's core worker when the driver connects
+    old_flag = os.environ.get(flag)
+    os.environ[flag] = "1"
+    signal.signal = guarded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        signal.signal = original
+        for sig in sigs:  # re-installs Python's own C-level handler over anything set with sigaction
+            original(sig, signal.getsignal(sig))
+        if old_flag is None:
+            os.environ.pop(flag, None)
+        else:
+            os.environ[flag] = old_flag
 
 
 def _device(cfg: ExperimentConfig) -> str:
@@ -550,9 +581,13 @@ def train(cfg: ExperimentConfig, signals: StopSignals | None = None) -> int:
     return _train_prepared(cfg, prepare(cfg), signals)
 
 
-def _preempted(cfg: ExperimentConfig, prep: Prepared, step: int, what: str) -> int:
+def _preempted(cfg: ExperimentConfig, prep: Prepared, step: int, saved: bool) -> int:
     write_run_state(prep.run_dir, cfg, "preempted", step)
-    logger.warning("%s (%s, step %d)", PREEMPTED_MESSAGE, what, step)
+    if saved:
+        logger.warning("%s (step %d, run %s)", PREEMPTED_MESSAGE, step, prep.run_dir.root)
+    else:
+        logger.warning("preempted, resumable: stopped at step %d before anything new was trained, nothing to save; "
+                       "start the same command again to go on (run %s)", step, prep.run_dir.root)
     return EXIT_PREEMPTED
 
 
@@ -563,7 +598,7 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
     restarts, resume = 0, cfg.checkpoint.resume
     try:
         if signals.requested:  # during start-up: nothing trained yet, nothing to save
-            return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), "before Ray started")
+            return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), saved=False)
         started, head = _start_ray(cfg, signals)
         device = _device(cfg)
         while True:
@@ -574,8 +609,7 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
                 trainer.signals = signals
                 final = trainer.run()
                 if trainer.stopped:
-                    return _preempted(cfg, prep, trainer.step, "checkpoint written" if trainer.step else "nothing "
-                                      "trained yet")
+                    return _preempted(cfg, prep, trainer.step, saved=trainer.saved_step == trainer.step)
                 write_run_state(prep.run_dir, cfg, "finished", trainer.step)
                 logger.info("done at step %d: %s", trainer.step, {k: round(v, 4) for k, v in final.items()
                                                                   if k.startswith(("eval/reward", "reward/total"))})
@@ -592,7 +626,7 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
                     trainer.close()
                 shutdown_actors(actors)
             if signals.requested:  # the signal came while the run restarted: its last checkpoint stands
-                return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), "during a restart")
+                return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), saved=False)
             prep.lock.release()  # a fresh prompt stream; the checkpoint restores its position
             prep = prepare(cfg, prep.run_dir, resume)
     except BaseException:

@@ -178,8 +178,26 @@ def kuberay_rayjob(req: JobRequest) -> str:
 
 # --- Slurm ----------------------------------------------------------------------------------------------
 
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_shell_inputs(req: JobRequest) -> None:
+    """Names that go into the script verbatim must be shell identifiers and #SBATCH values one plain word each
+    (values of --env are quoted, so they may hold anything)."""
+    for flag, names in (("--env", req.env), ("--secret", req.secrets)):
+        for key in names:
+            if not _SHELL_NAME.fullmatch(key):
+                raise ValueError(f"{flag} {key!r}: a variable name must match [A-Za-z_][A-Za-z0-9_]*")
+    for flag, value in (("--partition", req.slurm_partition), ("--account", req.slurm_account),
+                        ("--time", req.slurm_time)):
+        if value and not re.fullmatch(r"[A-Za-z0-9_.:,+@%=/-]+", value):
+            raise ValueError(f"{flag} {value!r}: only letters, digits and _ . : , + @ % = / - are allowed")
+
+
 def sbatch_script(req: JobRequest) -> str:
-    """An sbatch script: one task per node, each running the node setup script through srun."""
+    """An sbatch script: one task per node, each running the node setup script through srun. Every value of
+    the user's is quoted with shlex.quote or checked to be one plain word (`_check_shell_inputs`)."""
+    _check_shell_inputs(req)
     name = dns_name(req.name)
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={req.num_nodes}",
              "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={name}-%j.out"]

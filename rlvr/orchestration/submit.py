@@ -126,7 +126,11 @@ def main(argv: list[str]) -> int:
         print(f"rlvr submit: {e}", file=sys.stderr)
         return 2
     flavor = args.k8s_flavor
-    text = render(args.scheduler, req, k8s_flavor=flavor)
+    try:
+        text = render(args.scheduler, req, k8s_flavor=flavor)
+    except ValueError as e:  # a name or value that cannot go into the spec safely
+        print(f"rlvr submit: {e}", file=sys.stderr)
+        return 2
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)

@@ -11,7 +11,10 @@ Invariants:
 - A file that shrinks (rewritten, e.g. a run restarted from scratch) is re-read from the start and its
   `epoch` bumps, telling the page to drop what it had for that file.
 - `/api/data?cursor=...` returns, per run and file, only the records past the page's cursor.
-- The server binds 127.0.0.1 only and serves nothing but the page and the run records.
+- The server binds 127.0.0.1 only and serves nothing but the page and the run records. It answers only
+  requests whose Host header names this machine's loopback (localhost, 127.0.0.1, [::1], with or without the
+  bound port): any other Host gets 403, so a web page on another origin cannot read the run records through
+  DNS rebinding (its name resolving to 127.0.0.1 does not change the Host header the browser sends).
 """
 
 from __future__ import annotations
@@ -168,9 +171,26 @@ def export_html(run_dirs: list[str], path: str | os.PathLike[str]) -> Path:
     return out
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def host_allowed(host: str | None, port: int) -> bool:
+    """Whether a request's Host header names the loopback address this server is bound to (port optional)."""
+    if not host:
+        return False
+    host = host.strip().lower()
+    for name in LOOPBACK_HOSTS:
+        if host in (name, f"{name}:{port}"):
+            return True
+    return False
+
+
 def _handler(dash: Dashboard, page: bytes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if not host_allowed(self.headers.get("Host"), self.server.server_address[1]):
+                self._send(HTTPStatus.FORBIDDEN, "text/plain", b"forbidden: unknown Host header")
+                return
             url = urllib.parse.urlsplit(self.path)
             if url.path in ("/", "/index.html"):
                 self._send(HTTPStatus.OK, "text/html; charset=utf-8", page)

@@ -34,6 +34,8 @@ def decode_meta(payload: bytes) -> Meta:
     """The sender's (name, dtype, shape) list; ValueError for anything but that."""
     try:
         raw = json.loads(payload.decode())
+        if not isinstance(raw, list):
+            raise TypeError(f"expected a list, got {type(raw).__name__}")
         meta = [(str(name), _DTYPES[dt], tuple(int(d) for d in shape)) for name, dt, shape in raw]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"weight-sync metadata from the sender is malformed: {type(e).__name__}: {e}") from None

@@ -209,3 +209,30 @@ def test_cluster_submit_runs_scheduler_cli(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_cluster_beaker_needs_budget(capsys: pytest.CaptureFixture[str]) -> None:
     assert submit.main(["beaker", "--config", "configs/gpu-2node.yaml"]) == 2
     assert "--beaker-budget" in capsys.readouterr().err
+
+
+HOSTILE = "a b 'single' \"double\" $(touch PWNED) `touch PWNED2` ${HOME}\nsecond line; touch PWNED3 \\"
+
+
+def test_cluster_sbatch_env_values_reach_the_job_verbatim(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--env values with spaces, quotes, $(), backticks and newlines are exported exactly and run nothing."""
+    import subprocess
+
+    text = _spec(["slurm", "--env", f"TRICKY={HOSTILE}", "--command", "true"], capsys)
+    exports = "\n".join(line for line in text.splitlines(keepends=False) if not line.startswith(("srun", "#")))
+    # the export lines may span lines (a quoted newline): run everything but the srun line
+    script = text[:text.rindex("srun")] + 'printf %s "$TRICKY"\n'
+    p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == HOSTILE
+    assert not list(tmp_path.iterdir()), "the value ran a command"
+    assert "export TRICKY=" in exports
+
+
+@pytest.mark.parametrize("flags,needle", [(["--env", "A;touch X=1"], "--env"), (["--secret", "B C=s"], "--secret"),
+                                          (["--partition", "gpu\ntouch X"], "--partition"),
+                                          (["--time", "1:00 --wrap=x"], "--time")])
+def test_cluster_sbatch_refuses_names_that_would_be_code(flags: list[str], needle: str,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert submit.main(["slurm", *flags, "--dry-run"]) == 2
+    assert needle in capsys.readouterr().err

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.config import default_config, from_dict
+from rlvr.config import from_dict, read_yaml
 
 COMMON = ["--eval.every-n-steps", "0", "--eval.at-step-0", "False", "--logging.console-progress", "False",
           "--rollout.prompts-per-step", "4", "--generation.num-samples", "4", "--checkpoint.every-n-steps", "3",
@@ -106,7 +106,7 @@ def test_resume_async_keeps_prompt_accounting(tmp_path, ray_cluster):
     from transformers import AutoTokenizer
 
     from rlvr.data import PromptStream
-    cfg = from_dict({"generation": {"num_samples": 4}}, base=default_config())
+    cfg = from_dict(read_yaml(str(tmp_path / "async" / "config.yaml")))  # the run's own config: its stream
     tok = AutoTokenizer.from_pretrained(tmp_path / "async" / "builtin_model")
     stream = PromptStream(cfg, tok)
     expected = {stream.next_request().prompt_id for _ in range(len(pulled))}

@@ -1,0 +1,102 @@
+"""Which run directory `rlvr train` uses, and what it refuses: bad output dirs, unrelated directories, stub run
+dirs after a failed start, and the same command continuing the unfinished run with the same config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import default_config, from_dict
+from rlvr.orchestration.run import RUN_STATE, RunLock, config_fingerprint, select_run_dir
+
+
+def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(out), "--num-steps", "2",
+           "--logging.console-progress", "False", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_output_dir_that_is_a_file_is_an_error(tmp_path):
+    out = tmp_path / "runs"
+    out.write_text("not a directory")
+    p = _train(out)
+    assert p.returncode == 2 and "--checkpoint.output-dir" in p.stderr and "is a file" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_output_dir_not_writable_is_an_error(tmp_path):
+    out = tmp_path / "runs"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        p = _train(out)
+    finally:
+        out.chmod(0o755)
+    assert p.returncode == 2 and "not writable" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_failed_start_leaves_no_run_directory(tmp_path):
+    out = tmp_path / "runs"
+    p = _train(out, "--data.datasets", "builtin:copy", str(tmp_path / "missing.jsonl"))
+    assert p.returncode == 2 and "missing.jsonl" in p.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_unrelated_directory_is_refused_and_untouched(tmp_path):
+    other = tmp_path / "runs" / "mine"
+    other.mkdir(parents=True)
+    (other / "metrics.jsonl").write_text("precious\n")
+    p = _train(tmp_path / "runs", "--logging.run-name", "mine")
+    assert p.returncode == 2 and "not an rlvr run directory" in p.stderr and "config.yaml" in p.stderr
+    assert sorted(x.name for x in other.iterdir()) == ["metrics.jsonl"]
+    assert (other / "metrics.jsonl").read_text() == "precious\n"
+
+
+def _run(out: Path, name: str, fingerprint: str, status: str, started: float) -> Path:
+    d = out / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("x: 1\n")
+    (d / RUN_STATE).write_text(json.dumps({"config": fingerprint, "status": status, "step": 3, "started": started}))
+    return d
+
+
+def test_same_command_continues_the_newest_unfinished_run_with_the_same_config(tmp_path):
+    cfg = from_dict({"checkpoint": {"output_dir": str(tmp_path)}}, base=default_config())
+    fp, now = config_fingerprint(cfg), time.time()
+    _run(tmp_path, "old-preempted", fp, "preempted", now - 100)
+    newest = _run(tmp_path, "new-preempted", fp, "preempted", now - 50)
+    _run(tmp_path, "finished", fp, "finished", now - 10)
+    _run(tmp_path, "other-config", "0" * 16, "running", now - 5)
+    assert select_run_dir(cfg).root == newest
+    lock = RunLock(newest)  # in use by another driver: not taken
+    assert lock.acquire()
+    try:
+        assert select_run_dir(cfg).root.name == "old-preempted"
+    finally:
+        lock.release()
+    fresh = from_dict({"checkpoint": {"resume": "never"}}, base=cfg)
+    assert select_run_dir(fresh).root.name.startswith("rlvr-")
+    named = from_dict({"logging": {"run_name": "finished"}}, base=cfg)
+    assert select_run_dir(named).root.name == "finished"
+
+
+def test_a_finished_run_is_not_continued(tmp_path):
+    cfg = from_dict({"checkpoint": {"output_dir": str(tmp_path)}}, base=default_config())
+    _run(tmp_path, "done", config_fingerprint(cfg), "finished", time.time())
+    chosen = select_run_dir(cfg).root
+    assert chosen.name.startswith("rlvr-") and not chosen.exists()
+
+
+def test_fingerprint_ignores_logging_and_resume_only():
+    base = default_config()
+    same = from_dict({"logging": {"run_name": "x", "level": "DEBUG", "console_progress": False},
+                      "checkpoint": {"resume": "never"}}, base=base)
+    assert config_fingerprint(same) == config_fingerprint(base)
+    assert config_fingerprint(from_dict({"learner": {"lr": 1e-2}}, base=base)) != config_fingerprint(base)
