@@ -22,25 +22,31 @@ from rlvr.config.sections import (
 
 
 def default_config() -> ExperimentConfig:
-    """The tiny CPU demo: a random-init tiny model learns the built-in `copy4` task with GRPO.
+    """The tiny CPU demo: a random-init tiny model learns to SOLVE the built-in `copy4` task with GRPO/DAPO.
 
     `copy4` ("bdac=" -> "bdac", 4 letters over "abcde") with a character-level tokenizer (tiny_vocab_size 0:
-    no BPE merges, one token per character), answers capped at 5 tokens (4 letters + a stop), 200 steps of
-    16 prompts x 8 samples. Groups whose rewards are all equal are kept (zero advantage, no gradient) rather
-    than filtered, so a policy that has solved the task keeps stepping instead of finding no informative group.
+    no BPE merges, one token per character), answers capped at 5 tokens (4 letters + EOS). The copy reward
+    gives a point per right letter and one for stopping right after the fourth, so 1.0 (`correct`, pass@1)
+    is the exact string and then EOS. 400 steps of 16 prompts x 8 samples. Groups whose rewards are all equal
+    are kept (zero advantage, no gradient) rather than filtered, so a policy that has solved the task keeps
+    stepping instead of finding no informative group.
+
+    lr 1e-3 (3e-3 reached partial credit, then collapsed: entropy fell to ~0.1 and eval reward from 0.54 to
+    0.26 by step 200) and a small entropy bonus (0.01: without it one seed in three could lock a wrong letter
+    in at entropy ~0.02, where every sample of a group agrees and no gradient is left to undo it).
     """
     return ExperimentConfig(
         model=ModelConfig(path="builtin:tiny", dtype="float32", tiny_vocab_size=0),
         data=DataConfig(datasets=["builtin:copy4"], apply_chat_template=False, max_prompt_tokens=32,
-                        num_builtin_rows=4000),
+                        num_builtin_rows=6400),
         generation=GenerationConfig(num_samples=8, temperature=1.0, max_new_tokens=5),
         rollout=RolloutConfig(prompts_per_step=16, async_steps=1, filter_zero_variance=False),
-        algorithm=AlgorithmConfig(),
-        learner=LearnerConfig(backend="torch", lr=3e-3, warmup_steps=5, pack_length=256),
+        algorithm=AlgorithmConfig(entropy_coef=0.01),
+        learner=LearnerConfig(backend="torch", lr=1e-3, warmup_steps=5, pack_length=256),
         cluster=ClusterConfig(num_learners=1, num_engines=1, device="cpu"),
         eval=EvalConfig(every_n_steps=10, max_prompts=64),
         checkpoint=CheckpointConfig(output_dir="runs"),
         logging=LoggingConfig(),
-        num_steps=200,
+        num_steps=400,
         seed=0,
     )
