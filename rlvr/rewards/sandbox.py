@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from rlvr.rewards.sandbox_cgroup import SampleCgroup, memory_cap
+from rlvr.rewards.sandbox_launcher import landlock_abi
 
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _NS_FLAGS = ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
@@ -80,8 +81,10 @@ def isolation_level() -> str:
     if shutil.which("unshare") is None:
         return "rlimits"
     level = "namespaces" if os.geteuid() == 0 else "userns"
+    python = os.path.realpath(sys.executable)  # what the launcher will run: it must start inside the namespaces too
     try:
-        probe = subprocess.run([*_ns_prefix(level), "true"], capture_output=True, timeout=10, env=_LAUNCHER_ENV)
+        probe = subprocess.run([*_ns_prefix(level), python, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30,
+                               env=_LAUNCHER_ENV)
     except (OSError, subprocess.TimeoutExpired):
         return "rlimits"
     return level if probe.returncode == 0 else "rlimits"
@@ -118,7 +121,8 @@ class LocalSandboxExecutor:
 
     def describe(self) -> dict:
         """What is in force: isolation level, memory cap kind and the resulting process limit."""
-        return {"isolation": self.level, "memory_cap": self.memory_cap, "num_processes": self.num_processes(),
+        return {"isolation": self.level, "memory_cap": self.memory_cap, "landlock_abi": landlock_abi(),
+                "num_processes": self.num_processes(),
                 "total_memory_bytes": self.limits.total_memory_bytes, "memory_bytes": self.limits.memory_bytes}
 
     def _deadline(self, tests: list[Any]) -> float:

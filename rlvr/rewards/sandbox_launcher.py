@@ -115,6 +115,51 @@ def _build_root(python: str, tmp_size_mb: int) -> None:
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+# Landlock (linux/landlock.h): filesystem rights, TCP bind/connect, scopes (abstract unix sockets, signals)
+LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1, 2, 4, 8
+LL_MAKE_CHAR, LL_MAKE_BLOCK, LL_TRUNCATE = 1 << 6, 1 << 11, 1 << 14
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when it has none (or the LSM is off)."""
+    version = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    return max(0, version)
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _landlock(abi: int, read: list[str], write: list[str]) -> None:
+    """Restrict this process (and what it execs) to reading `read`, writing `write`, no TCP, no outside signals."""
+    handled_fs = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
+    attr = (ctypes.c_uint64 * 3)(handled_fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        _check("landlock_create_ruleset", -1)
+    file_rights = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (LL_TRUNCATE if abi >= 3 else 0)
+    readonly = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
+    writable = handled_fs & ~(LL_MAKE_CHAR | LL_MAKE_BLOCK | (1 << 15))
+    for paths, rights in ((read, readonly), (write, writable)):
+        for path in paths:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            allowed = rights if os.path.isdir(path) else rights & file_rights
+            rule = _PathBeneath(allowed, fd)
+            rc = _libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
+                               ctypes.c_uint32(0))
+            os.close(fd)
+            _check(f"landlock_add_rule {path}", 0 if rc == 0 else -1)
+    rc = _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
+    os.close(ruleset)
+    _check("landlock_restrict_self", 0 if rc == 0 else -1)
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -123,7 +168,8 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def _drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: bool) -> None:
+def _drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: bool,
+                     landlock: tuple[int, list[str], list[str]]) -> None:
     """Runs in the forked child before exec: new session, rlimits, no capabilities, then exec (docstring)."""
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -151,6 +197,8 @@ def _drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: b
     header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
     _check("capset", _libc.capset(ctypes.byref(header), data))
     _check("no_new_privs", _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
+    if landlock[0]:
+        _landlock(*landlock)
 
 
 class Sandbox:
@@ -162,6 +210,16 @@ class Sandbox:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             self.cap_last = int(f.read())
         self.privileged = os.geteuid() == 0  # root of the host or of our user namespace: we hold CAP_SETPCAP
+        devices = [f"/dev/{d}" for d in DEVICES]
+        if self.namespaced:  # the tree is already minimal: all of it readable, the private tmpfs writable
+            read, write = ["/"], ["/tmp", "/dev/shm", *devices[:3]]
+        else:  # the host's tree: only what Python needs to start, and the scratch dir
+            prefix = os.path.dirname(os.path.dirname(os.path.realpath(job["python"])))
+            read = [*(f"/{d}" for d in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")),
+                    *(f"/etc/{f}" for f in ETC_FILES), prefix, *devices]
+            write = [job["workdir"], *devices[:3]]
+            read.append("/proc/self")  # opened in the child: its own /proc entry only
+        self.landlock = (landlock_abi(), read, write)
         self.env = {"PATH": "/usr/bin:/bin", "HOME": job["workdir"], "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         if not self.namespaced:
             _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come to us, so we can kill them
@@ -176,7 +234,8 @@ class Sandbox:
         argv = [self.job["python"], "-I", "-S", "-c", self.stub_source, *args]  # HERE is not in the sandbox tree
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, cwd=self.job["workdir"],
                                 env=self.env, close_fds=True, pass_fds=(self.program_fd, *pass_fds),
-                                preexec_fn=lambda: _drop_privileges(limits, self.uid, self.cap_last, self.privileged))
+                                preexec_fn=lambda: _drop_privileges(limits, self.uid, self.cap_last, self.privileged,
+                                                                     self.landlock))
 
     def kill_all(self, proc: subprocess.Popen) -> None:
         if self.namespaced:

@@ -150,11 +150,53 @@ def test_huge_stdout_is_cut():
 
 @needs_isolation
 def test_runs_unprivileged_in_namespaces():
-    program = "import os"
-    tests = ["assert os.getuid() == 65534 and os.getgid() == 65534 and os.getgroups() == []",
+    program = "import os\nSTATUS = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)"
+    tests = ["assert os.getuid() not in (0, 65534) and os.getgid() == os.getuid() and os.getgroups() == []",
              "assert os.getpid() < 10", "assert os.getcwd() == '/tmp/work'",
-             "assert sorted(os.listdir('/tmp')) == ['work'] or all(n.startswith(('work', '.rlvr')) for n in os.listdir('/tmp'))"]
-    assert run_one(program, tests)[0] == [True] * 4
+             "assert os.listdir('/tmp') == ['work']",
+             "assert all(int(STATUS[k].strip(), 16) == 0 for k in ('CapEff', 'CapPrm', 'CapInh', 'CapBnd', 'CapAmb'))",
+             "assert STATUS['NoNewPrivs'].strip() == '1'"]
+    assert run_one(program, tests)[0] == [True] * len(tests)
+
+
+def test_rlimits_mode_drops_capabilities_too():
+    status = LocalSandboxExecutor(FAST, level="rlimits").run_capture("print(open('/proc/self/status').read())")
+    caps = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    assert all(int(caps[k].strip(), 16) == 0 for k in ("CapEff", "CapPrm", "CapInh", "CapAmb"))
+    assert caps["NoNewPrivs"].strip() == "1"
+    if os.geteuid() == 0:
+        assert int(caps["CapBnd"].strip(), 16) == 0 and int(caps["Uid"].split()[0]) != 0
+
+
+# ---- honest programs of many shapes still pass: assert tests see the program's objects through handles ----
+SHAPES = [
+    ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n"
+     "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i",
+     "assert Solution().twoSum([2, 7, 11, 15], 9) == [0, 1]"),
+    ("def sort_in_place(xs):\n    xs.sort()", "a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]"),
+    ("def check(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x",
+     "try:\n    check(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError"),
+    ("LIMIT = 10 ** 30\nPRIMES = [2, 3, 5]", "assert LIMIT == 10 ** 30 and PRIMES[-1] == 5"),
+    ("class Node:\n    def __init__(self, val, next=None):\n        self.val, self.next = val, next\n"
+     "def build(xs):\n    head = None\n    for x in reversed(xs):\n        head = Node(x, head)\n    return head",
+     "def to_list(n):\n    out = []\n    while n is not None:\n        out.append(n.val)\n        n = n.next\n"
+     "    return out\nassert to_list(build([1, 2, 3])) == [1, 2, 3]"),
+    ("def gen(n):\n    yield from range(n)", "assert list(gen(3)) == [0, 1, 2] and sum(gen(4)) == 6"),
+    ("import math\ndef area(r):\n    return math.pi * r * r", "assert math.isclose(area(1.0), 3.141592653589793)"),
+    ("def f():\n    return (1, 'a'), {'k': {1, 2}}, b'x', None, float('inf')",
+     "assert f() == ((1, 'a'), {'k': {1, 2}}, b'x', None, float('inf'))"),
+    ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)", "assert fib(20) == 6765\nassert fib(1) == 1"),
+    ("def candidate_sum(xs):\n    return sum(xs)", "def check(candidate):\n    assert candidate([1, 2]) == 3\n"
+     "check(candidate_sum)"),
+    ("class Counter:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n"
+     "        return self", "c = Counter()\nc.inc().inc()\nassert c.n == 2 and len([c]) == 1 and c is not None"),
+]
+
+
+@needs_isolation
+@pytest.mark.parametrize("program,test", SHAPES, ids=[str(i) for i in range(len(SHAPES))])
+def test_honest_shapes_pass(program, test):
+    assert get_reward("code_binary").fn(fenced(program), {"tests": [test]}) == 1.0
 
 
 def test_remote_executor_failure_scores_zero():
