@@ -359,8 +359,11 @@ def _moment(name: str, out: Path, rng: random.Random) -> Callable[[], bool]:
     runs = [d for d in out.iterdir() if d.is_dir()] if out.exists() else []
     root = max(runs, key=lambda d: d.stat().st_mtime) if runs else None
     t0 = time.time()
-    if name == "startup" or root is None and name != "startup":
-        wait = rng.uniform(0.1, 10.0)
+    if name == "startup" or root is None:
+        # from 0.5 s: before that the interpreter is still starting and rlvr's handlers are not installed yet
+        # (a signal then gets Python's default: SIGTERM kills the process with nothing written, SIGINT raises
+        # KeyboardInterrupt); after it, parsing, preparing the data, starting Ray and the actors
+        wait = rng.uniform(0.5, 10.0)
         return lambda: time.time() - t0 > wait
     events, metrics_file = root / "events.log", root / "metrics.jsonl"
     ev0, m0 = _size(events), _size(metrics_file)

@@ -604,6 +604,8 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
         while True:
             actors, trainer = Actors(), None
             try:
+                if signals.requested:  # came while Ray or the actors started: nothing new to save
+                    return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), saved=False)
                 actors = create_actors(cfg, prep.model_dir, device)
                 trainer = build_trainer(cfg, prep, actors, resume)
                 trainer.signals = signals
@@ -625,8 +627,6 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
                 if trainer is not None:
                     trainer.close()
                 shutdown_actors(actors)
-            if signals.requested:  # the signal came while the run restarted: its last checkpoint stands
-                return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), saved=False)
             prep.lock.release()  # a fresh prompt stream; the checkpoint restores its position
             prep = prepare(cfg, prep.run_dir, resume)
     except BaseException:

@@ -61,3 +61,16 @@ def test_engine_killed_during_evals(tmp_path, ray_cluster):
     result = fault_bench.kill_engine_eval(tmp_path)
     assert result["evals"] == [4, 5], result
     _check(result)
+
+
+def test_malicious_checkpoint_files_are_refused_and_run_nothing(tmp_path, ray_cluster):
+    """A real run's checkpoint with a code-running pickle planted in its driver state, optimizer or RNG file (and
+    the manifest regenerated): every resume exits 2 naming the file, runs nothing, changes nothing."""
+    result = fault_bench.malicious_checkpoint(tmp_path)
+    assert result["contained"] == result["attacks"] == 4, result
+    assert result["survived"], result
+
+
+def test_all_checkpoints_corrupt_stops_and_changes_nothing(tmp_path, ray_cluster):
+    result = fault_bench.all_checkpoints_corrupt(tmp_path)
+    assert result["survived"], result
