@@ -474,7 +474,8 @@ def main() -> None:
     attacks = {k: r for k, r in results.items() if "attacks" in r}
     faults = {k: r for k, r in results.items() if "attacks" not in r}
     stress = results.get("signal_stress", {})
-    print(json.dumps({"bench": "faults", "faults_injected": len(faults),
+    print(json.dumps({"bench": "faults", "scenarios_run": len(results), "scenarios_total": len(SCENARIOS),
+                      "faults_injected": len(faults),
                       "survived": sum(bool(r["survived"]) for r in faults.values()),
                       "signals_sent": stress.get("signals", 0),
                       "signals_exit_75": sum(c == 75 for c in stress.get("exit_codes", [])),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import default_config, from_dict
-from rlvr.orchestration.run import RUN_STATE, RunLock, config_fingerprint, select_run_dir
+from rlvr.orchestration.run_dirs import RUN_STATE, RunLock, config_fingerprint, select_run_dir
 
 
 def _train(out: Path, *args: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,192 @@
+"""Which run directory a `rlvr train` command uses, and the checks made before anything in it is touched.
+
+- A run directory is one with rlvr's config.yaml; an existing directory without it is refused, never reused.
+- run.json holds the run's config fingerprint (the config minus `logging` and `checkpoint.resume`) and status
+  (running, preempted, finished). Without `--logging.run-name`, `--checkpoint.resume auto` continues the newest
+  unfinished run with the same fingerprint, so the same command resumes after a preemption; a finished run is
+  never continued.
+- A driver holds an exclusive flock on `<run dir>/.lock` while it uses the directory; a locked run is never
+  chosen or entered by another driver.
+- A checkpoint of a model with another architecture is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import ExperimentConfig
+from rlvr.orchestration.checkpoint import FRESH_START_HINT, CheckpointError, RunDir, write_json
+from rlvr.telemetry.logs import get_logger
+
+logger = get_logger(__name__)
+
+RUN_STATE = "run.json"
+"""Per run directory: {"config": fingerprint, "status": running | preempted | finished, "step", "started"}."""
+_SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size")
+
+
+def config_fingerprint(cfg: ExperimentConfig) -> str:
+    """What makes two commands the same run: the whole config but `logging` and `checkpoint.resume`."""
+    d = dataclasses.asdict(cfg)
+    d.pop("logging", None)
+    d.get("checkpoint", {}).pop("resume", None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class RunLock:
+    """An exclusive flock on `<run dir>/.lock`, held while a driver uses the run directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.path, self.fd = root / ".lock", -1
+
+    def acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _in_use(root: Path) -> bool:
+    if not (root / ".lock").exists():
+        return False
+    lock = RunLock(root)
+    if lock.acquire():
+        lock.release()
+        return False
+    return True
+
+
+def read_run_state(root: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((root / RUN_STATE).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def write_run_state(run_dir: RunDir, cfg: ExperimentConfig, status: str, step: int | None = None) -> None:
+    old = read_run_state(run_dir.root)
+    write_json(run_dir.path(RUN_STATE), {"config": config_fingerprint(cfg), "status": status,
+                                         "step": step if step is not None else old.get("step", 0),
+                                         "started": old.get("started", time.time()), "updated": time.time()})
+
+
+def _check_output_parent(cfg: ExperimentConfig) -> None:
+    """The output directory is a directory we can write into, or can be created (checked without creating)."""
+    out = Path(cfg.checkpoint.output_dir)
+    flag = f"--checkpoint.output-dir {cfg.checkpoint.output_dir}"
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: {existing} is not writable")
+
+
+def _check_run_root(root: Path) -> None:
+    flag = f"--logging.run-name {root.name}"
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise ValueError(f"{flag}: {root} is a file, not a run directory")
+    if any(root.iterdir()) and not (root / "config.yaml").is_file():
+        raise ValueError(f"{flag}: {root} exists and is not an rlvr run directory (it has no config.yaml); nothing "
+                         "was written: choose another --logging.run-name or --checkpoint.output-dir")
+    if _in_use(root):
+        raise ValueError(f"{flag}: {root} is in use by another rlvr process")
+
+
+def _unfinished_run(out: Path, fingerprint: str) -> Path | None:
+    """The newest run directory under `out` with this config fingerprint that did not finish and is not in use."""
+    if not out.is_dir():
+        return None
+    found = []
+    for d in out.iterdir():
+        if not (d / "config.yaml").is_file():
+            continue
+        state = read_run_state(d)
+        if state.get("config") == fingerprint and state.get("status") != "finished" and not _in_use(d):
+            found.append((float(state.get("started", 0.0)), d.name, d))
+    return max(found)[2] if found else None
+
+
+def select_run_dir(cfg: ExperimentConfig) -> RunDir:
+    """The run directory this command uses (nothing is created here)."""
+    _check_output_parent(cfg)
+    out = Path(cfg.checkpoint.output_dir)
+    if cfg.logging.run_name:
+        root = out / cfg.logging.run_name
+        _check_run_root(root)
+        return RunDir(root)
+    if cfg.checkpoint.resume == "auto":
+        found = _unfinished_run(out, config_fingerprint(cfg))
+        if found is not None:
+            logger.warning("continuing run %s: it has the same config and did not finish (give --logging.run-name "
+                           "to choose a run, or --checkpoint.resume never to start a new one)", found)
+            return RunDir(found)
+    name = time.strftime("rlvr-%Y%m%d-%H%M%S")
+    root, n = out / name, 1
+    while root.exists():
+        n += 1
+        root = out / f"{name}-{n}"
+    return RunDir(root)
+
+
+def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Architecture fields the configured model will have, as far as known without building or downloading it."""
+    m = cfg.model
+    if m.path == "builtin:tiny":
+        return {"model_type": "qwen2", "hidden_size": m.tiny_hidden_size, "num_hidden_layers": m.tiny_num_layers,
+                "num_attention_heads": m.tiny_num_heads, "num_key_value_heads": m.tiny_num_heads,
+                "intermediate_size": 4 * m.tiny_hidden_size}
+    if m.path.startswith("builtin:"):
+        from rlvr.data.shaped_models import SHAPES
+
+        return dict(SHAPES.get(m.path.split(":", 1)[1], {}))
+    config_json = Path(m.path) / "config.json"
+    try:
+        return json.loads(config_json.read_text()) if config_json.is_file() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--model.path {m.path}: config.json unreadable: {e}") from e
+
+
+def check_compatible(cfg: ExperimentConfig, ckpt: Path) -> None:
+    """Refuse (before anything is written) to resume a checkpoint of a model with another architecture."""
+    try:
+        saved = json.loads((ckpt / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: config.json unreadable: {e}") from e
+    want = _expected_shape(cfg)
+    diffs = [f"{k} {saved[k]} in the checkpoint, {want[k]} in the config" for k in _SHAPE_KEYS
+             if k in saved and k in want and saved[k] != want[k]]
+    if diffs:
+        raise CheckpointError(f"cannot resume from {ckpt}: its model differs from the configured one ({'; '.join(diffs)})."
+                              f" Nothing was changed. Resume with the model settings it was trained with, or "
+                              f"{FRESH_START_HINT}.")
+
+
+def created_dirs(root: Path) -> Path | None:
+    """The topmost directory that creating `root` would make (None when it exists)."""
+    top = None
+    p = root
+    while not p.exists():
+        top, p = p, p.parent
+    return top
