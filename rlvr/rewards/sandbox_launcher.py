@@ -18,8 +18,12 @@ Invariants:
 - The launcher is non-dumpable and keeps capabilities the program lacks, so the program cannot read its memory,
   environment or file descriptors through /proc or ptrace; as PID 1 it cannot be signalled from inside.
 - The program never holds the tests: expected outputs and assert tests stay in this process. Stdio tests
-  compare the child's stdout (a memfd) with the expected output here; assert tests run here against the
-  program's objects through sandbox_rpc.py, one fresh child per test.
+  compare the child's stdout (a memfd) with the expected output here. Each assert test gets one fresh program
+  child and one judge (forked from here, all capabilities dropped, its own uid as root, its own Landlock
+  domain, no write access anywhere) that runs the test code against the program's objects through
+  sandbox_rpc.py and writes one verdict byte to a pipe that only it holds.
+- Landlock (when the kernel has it) confines every program and judge: read-only system paths, writable
+  private scratch only, no TCP, no abstract unix sockets, no signals or ptrace outside its own domain.
 - After each test every other process of the sample is SIGKILLed and reaped (kill(-1) from PID 1; in the
   rlimits mode, kill(-1) as the sample uid when root, else the process group and every orphan re-parented to
   the launcher as a child subreaper).
@@ -30,6 +34,7 @@ import fcntl
 import json
 import os
 import resource
+import select
 import signal
 import subprocess
 import sys
@@ -207,6 +212,7 @@ class Sandbox:
     def __init__(self, job: dict, stub_source: str) -> None:
         self.job, self.limits, self.stub_source = job, job["limits"], stub_source
         self.namespaced, self.uid = job["namespaced"], job["drop_uid"]
+        self.judge_uid = None if self.uid is None else self.uid + 1  # root: the judge is not the program's uid
         with open("/proc/sys/kernel/cap_last_cap") as f:
             self.cap_last = int(f.read())
         self.privileged = os.geteuid() == 0  # root of the host or of our user namespace: we hold CAP_SETPCAP
@@ -237,7 +243,12 @@ class Sandbox:
                                 preexec_fn=lambda: _drop_privileges(limits, self.uid, self.cap_last, self.privileged,
                                                                      self.landlock))
 
-    def kill_all(self, proc: subprocess.Popen) -> None:
+    def kill_all(self, proc: subprocess.Popen, judge: int = -1) -> None:
+        if judge > 0:
+            try:
+                os.killpg(judge, signal.SIGKILL)  # the judge called setsid
+            except (ProcessLookupError, PermissionError):
+                pass
         if self.namespaced:
             try:
                 os.kill(-1, signal.SIGKILL)  # from PID 1 of the namespace: every other process in it
@@ -308,41 +319,60 @@ class Sandbox:
             os.close(stdout)
         return rc == 0 and out.split() == str(test.get("output", "")).split()
 
-    def run_assert(self, test: str, timeout: float, rpc) -> bool:
+    def run_assert(self, test: str, timeout: float, rpc: types.ModuleType) -> bool:
+        """One fresh child runs the program; a judge process runs `test` against it; we only read the verdict."""
         request_r, request_w = os.pipe()
         reply_r, reply_w = os.pipe()
-        proc = None
+        verdict_r, verdict_w = os.pipe()
+        proc, judge = None, -1
         try:
             proc = self.spawn(["rpc", str(self.program_fd), str(request_r), str(reply_w)], subprocess.DEVNULL,
                               subprocess.DEVNULL, (request_r, reply_w), cpu_s=2 * timeout + 1)
-            os.close(request_r)
-            os.close(reply_w)
-            request_r = reply_w = -1
-            channel = rpc.Channel(request_w, reply_r, deadline=time.monotonic() + 2 * timeout)
-            # the handler is armed only while a test runs: a program that sends us SIGALRM fails its own test
-            signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, 2 * timeout + 0.5)  # bounds the trusted test code too
-            try:
-                return rpc.run_assert_test(test, channel)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, signal.SIG_IGN)
-        except _Timeout:
-            return False
+            judge = os.fork()
+            if judge == 0:
+                self._judge(test, timeout, rpc, request_w, reply_r, verdict_w)
+            for fd in (request_r, reply_w, request_w, reply_r, verdict_w):
+                os.close(fd)
+            request_r = reply_w = request_w = reply_r = verdict_w = -1
+            if not select.select([verdict_r], [], [], 2 * timeout + 1.0)[0]:
+                return False
+            return os.read(verdict_r, 1) == b"1"
         finally:
-            for fd in (request_r, request_w, reply_r, reply_w):
+            for fd in (request_r, request_w, reply_r, reply_w, verdict_r, verdict_w):
                 if fd >= 0:
                     os.close(fd)
             if proc is not None:
-                self.kill_all(proc)
+                self.kill_all(proc, judge)
 
+    def _judge(self, test: str, timeout: float, rpc: types.ModuleType, request_w: int, reply_r: int,
+               verdict_w: int) -> None:
+        """The forked judge: trusted test code, but with no privileges, its own uid (root) and Landlock domain.
 
-class _Timeout(Exception):
-    pass
-
-
-def _alarm(signum: int, frame: object) -> None:
-    raise _Timeout()
+        The program cannot signal, ptrace or write to it (another uid, or a sibling Landlock domain), and the
+        test code, fed the program's data, cannot touch the launcher or its result pipe (fd 1 is closed here).
+        """
+        ok = False
+        try:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            keep = {0, 1, 2, request_w, reply_r, verdict_w}
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            limits = {**self.limits, "cpu_s": 2 * timeout + 1, "num_processes": 1}
+            read = self.landlock[1]
+            _drop_privileges(limits, self.judge_uid, self.cap_last, self.privileged, (self.landlock[0], read, []))
+            channel = rpc.Channel(request_w, reply_r, deadline=time.monotonic() + 2 * timeout)
+            ok = rpc.run_assert_test(test, channel)
+        finally:  # whatever happened, the judge never returns into the launcher's code
+            try:
+                os.write(verdict_w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
 
 
 def _load_rpc() -> tuple[types.ModuleType, str]:

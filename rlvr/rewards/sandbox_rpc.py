@@ -1,17 +1,18 @@
-"""Assert tests without trusting the program: the test code runs in the trusted launcher, the program in a child.
+"""Assert tests without trusting the program: the test code runs in a judge process, the program in a child.
 
-Run as a script (`python -I -S sandbox_rpc.py MODE PROGRAM_FD [REQUEST_FD REPLY_FD]`) this is the untrusted
+Run as a script (`python -I -S -c <this file> MODE PROGRAM_FD [REQUEST_FD REPLY_FD]`) this is the untrusted
 side: it executes the program as `__main__` (MODE "stdio": that is all) and, in MODE "rpc", then answers the
-launcher's requests about the program's objects (call, attribute, item, len, iteration, bool, str). Imported
-by sandbox_launcher.py it is the trusted side: `run_assert_test` executes one assert test in a fresh namespace
-of the launcher where every name the program defined is a `Remote` handle (or its plain value, fetched).
+judge's requests about the program's objects (call, attribute, item, len, iteration, bool, str). Loaded by
+sandbox_launcher.py it is the trusted side: `run_assert_test` executes one assert test, in the judge the
+launcher forks for it, in a fresh namespace where every name the program defined is a `Remote` handle (or its
+plain value, fetched); the judge sends the launcher one verdict byte over a pipe only it holds.
 
 Invariants (why a wrong program cannot pass):
 - Only plain data crosses back: None, bool, int, float, str, bytes, complex, and list, tuple, set, frozenset,
   dict of those, each checked by exact type; anything else (a subclass of int, an object whose __eq__ says
   True) arrives as a `Remote` handle, which refuses ==, <, hash-free comparisons and `in`.
-- The verdict is whether the trusted test code raised; it is computed in the launcher with its own builtins.
-  The program never holds the tests, the launcher's result channel, or a way into the launcher's memory.
+- The verdict is whether the trusted test code raised; it is computed in the judge with its own builtins.
+  The program never holds the tests, the verdict pipe, or a way into the judge's or the launcher's memory.
 - Program names that shadow a builtin are not imported into the test namespace (a program `abs` or `len`
   cannot change what the test computes). Stdlib modules the program imported are re-imported trusted.
 - Whatever the child sends (garbage, nothing, an early exit, a lie) can only make a call fail or return a
@@ -101,7 +102,7 @@ def decode(x: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
     raise ValueError(f"unknown tag {tag!r}")
 
 
-# ---- trusted side (imported by the launcher) ----
+# ---- trusted side (the judge, forked by the launcher) ----
 
 class Channel:
     """Newline-delimited JSON requests to one child, each answered before `deadline` (time.monotonic)."""

@@ -159,6 +159,20 @@ def test_runs_unprivileged_in_namespaces():
     assert run_one(program, tests)[0] == [True] * len(tests)
 
 
+@needs_isolation
+def test_judge_runs_unprivileged_and_apart():
+    """While the judge runs the test code, the program sees it: no capabilities, another uid, no_new_privs."""
+    program = ("import os\ndef others():\n    out = []\n    for pid in os.listdir('/proc'):\n"
+               "        if pid.isdigit() and int(pid) not in (1, os.getpid()):\n"
+               "            st = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status') if ':' in l)\n"
+               "            out.append({k: st[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Uid')})\n"
+               "    return out\ndef my_uid():\n    return os.getuid()")
+    test = ("import os\njudges = others()\nassert len(judges) == 1\nj = judges[0]\n"
+            "assert int(j['CapEff'], 16) == int(j['CapPrm'], 16) == int(j['CapBnd'], 16) == 0\n"
+            "assert j['NoNewPrivs'] == '1' and int(j['Uid'].split()[0]) == os.getuid() not in (0, my_uid())")
+    assert run_one(program, [test])[0] == [True]
+
+
 def test_rlimits_mode_drops_capabilities_too():
     status = LocalSandboxExecutor(FAST, level="rlimits").run_capture("print(open('/proc/self/status').read())")
     caps = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
