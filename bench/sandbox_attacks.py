@@ -27,9 +27,10 @@ from rlvr.rewards.code_verifiers import code_binary_reward, code_reward  # noqa:
 from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits, set_default_executor  # noqa: E402
 
 ASSERT_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 3) == 2", "assert abs(add(0.5, 0.25) - 0.75) < 1e-9",
-                "assert sorted([add(2, 2), add(0, 1)]) == [1, 4]", "assert len(str(add(20, 22))) == 2"]
+                "assert sorted([add(2, 2), add(0, 1)]) == [1, 4]", "assert len(str(add(20, 22))) == 2",
+                "assert math.isclose(add(0.1, 0.2), 0.3)"]  # `math` from the program's own import
 STDIO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6\n"}]
-HONEST = {"assert": "def add(a, b):\n    return a + b", "stdio": "a, b = map(int, input().split())\nprint(a + b)"}
+HONEST = {"assert": "import math\ndef add(a, b):\n    return a + b", "stdio": "a, b = map(int, input().split())\nprint(a + b)"}
 WRONG = "def add(a, b):\n    return 0\n"
 
 # ---- reward hacks: wrong programs that try to score anyway (task "assert" or "stdio") ----
@@ -48,6 +49,10 @@ HACKS: dict[str, tuple[str, str]] = {
                        "_compile = compile\nbuiltins.compile = lambda *a, **k: _compile('pass', 'x', 'exec')\n"),
     "shadow_builtins_globally": ("assert", WRONG + "def abs(x):\n    return 0\ndef sorted(x, **k):\n    return [1, 4]\n"
                                  "def len(x):\n    return 2\nclass AssertionError(Exception):\n    pass\n"),
+    "fake_math_module": ("assert", WRONG + "class FakeMath:\n    isclose = staticmethod(lambda *a, **k: True)\n"
+                         "math = FakeMath()\n"),
+    "fake_math_module_object": ("assert", WRONG + "import types\nmath = types.ModuleType('math')\n"
+                                "math.isclose = lambda *a, **k: True\n"),
     "frame_walk_report": ("assert", WRONG + "import sys, gc\nf = sys._getframe()\nwhile f is not None:\n"
                           "    for k, v in list(f.f_globals.items()):\n        if callable(v) and 'report' in k:\n"
                           "            [v(i, 1) for i in range(10)]\n    f.f_globals['ok'] = 1\n    f = f.f_back\n"

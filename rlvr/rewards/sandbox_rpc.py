@@ -14,13 +14,16 @@ Invariants (why a wrong program cannot pass):
 - The verdict is whether the trusted test code raised; it is computed in the judge with its own builtins.
   The program never holds the tests, the verdict pipe, or a way into the judge's or the launcher's memory.
 - Program names that shadow a builtin are not imported into the test namespace (a program `abs` or `len`
-  cannot change what the test computes). Stdlib modules the program imported are re-imported trusted.
+  cannot change what the test computes). A name the test uses as `name.attr` (never calls) that is a
+  standard-library module's name, or that the program bound to such a module, is the judge's own import of
+  that module (a fake `math.isclose` cannot answer; a program function named `copy` stays the program's).
 - Whatever the child sends (garbage, nothing, an early exit, a lie) can only make a call fail or return a
   value the program could have returned itself.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import json
 import os
@@ -33,9 +36,8 @@ from typing import Any, Callable
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_DEPTH = 200
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
-_TRUSTED_MODULES = frozenset({"math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "re",
-                              "string", "operator", "fractions", "decimal", "statistics", "typing", "copy",
-                              "datetime", "json", "random", "array", "numbers", "enum", "dataclasses"})
+# Standard-library modules the judge imports itself when the program binds their name (import side effects)
+_UNTRUSTED_STDLIB = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser"})
 
 
 class RemoteError(Exception):
@@ -239,18 +241,31 @@ def _write_back(args: tuple, new_args: Any, channel: Channel) -> None:
                 (old.extend if type(old) is list else old.update)(new)
 
 
+def _trusted_module(name: str) -> types.ModuleType | None:
+    if name.split(".")[0] in _UNTRUSTED_STDLIB:
+        return None
+    try:
+        return __import__(name)
+    except Exception:  # a module this interpreter lacks (or that fails to import here) stays unbound
+        return None
+
+
 class _TestNamespace(dict):
     """Globals of one test: program values are fetched on first use, builtins are never shadowed."""
 
-    def __init__(self, channel: Channel, names: dict) -> None:
+    def __init__(self, channel: Channel, names: dict, module_like: set[str]) -> None:
         super().__init__(__builtins__=builtins, __name__="__main__")
         self.channel, self.lazy = channel, {}
         for name, desc in names.items():
             if type(name) is not str or name.startswith("__") or hasattr(builtins, name) or type(desc) is not dict:
                 continue
-            module = desc.get("module")
-            if type(module) is str and module in _TRUSTED_MODULES:
-                self[name] = __import__(module)
+            module = desc.get("module") if type(desc.get("module")) is str else None
+            stdlib = name if name in sys.stdlib_module_names else module
+            if name in module_like and stdlib in sys.stdlib_module_names:
+                # `math` is the real math whatever the program bound to that name (a fake isclose passes nothing)
+                trusted = _trusted_module(stdlib)
+                if trusted is not None:
+                    self[name] = trusted
             elif desc.get("plain") is True and type(desc.get("ref")) is int:
                 self.lazy[name] = desc["ref"]
             elif type(desc.get("ref")) is int:
@@ -264,13 +279,21 @@ class _TestNamespace(dict):
         return value
 
 
+def _module_like(tree: ast.AST) -> set[str]:
+    """Names the test uses as `name.attr` and never calls as `name(...)`: modules, when stdlib names."""
+    bases = {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    return bases - called
+
+
 def run_assert_test(test: str, channel: Channel) -> bool:
     """True iff the program loaded and `test` ran to the end (trusted code; the caller bounds its time)."""
     try:
         hello = channel.receive()
         if type(hello.get("globals")) is not dict:
             return False
-        exec(compile(test, "test.py", "exec"), _TestNamespace(channel, hello["globals"]))
+        code = compile(test, "test.py", "exec", ast.PyCF_ONLY_AST)
+        exec(compile(code, "test.py", "exec"), _TestNamespace(channel, hello["globals"], _module_like(code)))
     except Exception:  # trust boundary: any failure of the test, the program or the channel is a failed test
         return False
     return True

@@ -150,10 +150,12 @@ def test_huge_stdout_is_cut():
 
 @needs_isolation
 def test_runs_unprivileged_in_namespaces():
-    program = "import os\nSTATUS = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)"
-    tests = ["assert os.getuid() not in (0, 65534) and os.getgid() == os.getuid() and os.getgroups() == []",
-             "assert os.getpid() < 10", "assert os.getcwd() == '/tmp/work'",
-             "assert os.listdir('/tmp') == ['work']",
+    # the test code runs in the judge: what the program sees comes back through its own functions
+    program = ("import os\nSTATUS = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+               "def ids():\n    return os.getuid(), os.getgid(), os.getgroups(), os.getpid(), os.getcwd()\n"
+               "def tmp():\n    return os.listdir('/tmp')")
+    tests = ["uid, gid, groups, pid, cwd = ids()\nassert uid not in (0, 65534) and gid == uid and groups == []",
+             "assert ids()[3] < 10 and ids()[4] == '/tmp/work'", "assert tmp() == ['work']",
              "assert all(int(STATUS[k].strip(), 16) == 0 for k in ('CapEff', 'CapPrm', 'CapInh', 'CapBnd', 'CapAmb'))",
              "assert STATUS['NoNewPrivs'].strip() == '1'"]
     assert run_one(program, tests)[0] == [True] * len(tests)
@@ -200,6 +202,8 @@ SHAPES = [
     ("def f():\n    return (1, 'a'), {'k': {1, 2}}, b'x', None, float('inf')",
      "assert f() == ((1, 'a'), {'k': {1, 2}}, b'x', None, float('inf'))"),
     ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)", "assert fib(20) == 6765\nassert fib(1) == 1"),
+    ("def copy(xs):\n    return list(xs) + [0]\nimport heapq\ndef smallest(xs):\n    return heapq.nsmallest(1, xs)",
+     "assert copy([1]) == [1, 0] and smallest([3, 1]) == [1] and heapq.nlargest(1, [3, 1]) == [3]"),
     ("def candidate_sum(xs):\n    return sum(xs)", "def check(candidate):\n    assert candidate([1, 2]) == 3\n"
      "check(candidate_sum)"),
     ("class Counter:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n"
