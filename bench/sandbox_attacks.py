@@ -230,10 +230,13 @@ class HostContext:
         return self.dir
 
     def host_traces(self) -> list[str]:
-        """What probes left on the host: files written, connections accepted."""
-        traces = [f"wrote {p}" for p in self.write_targets if os.path.exists(p)]
-        traces += [f"file in host {d}" for d in ("/run/lock", "/dev/shm", "/tmp", "/var/tmp")
-                   if os.path.exists(os.path.join(d, self.persist_name))]
+        """What the last probe left on the host (files written, connections accepted); removed once seen."""
+        written = [p for p in self.write_targets if os.path.exists(p)]
+        persisted = [os.path.join(d, self.persist_name) for d in ("/run/lock", "/dev/shm", "/tmp", "/var/tmp")]
+        persisted = [p for p in persisted if os.path.exists(p)]
+        traces = [f"wrote {p}" for p in written] + [f"file in host {os.path.dirname(p)}" for p in persisted]
+        for p in written + persisted:
+            os.remove(p)
         for s in self.sockets:
             try:
                 s.accept()[0].close()
