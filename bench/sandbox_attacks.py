@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import socket
 import sys
 import tempfile
@@ -252,6 +253,7 @@ class HostContext:
             if os.path.exists(p) and not p.startswith(self.dir):
                 os.remove(p)
         os.rmdir(self.host_tmp)
+        shutil.rmtree(self.dir, ignore_errors=True)
         for k in ("RLVR_FAKE_SECRET", "WANDB_API_KEY"):
             os.environ.pop(k, None)
 
