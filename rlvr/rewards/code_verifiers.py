@@ -2,7 +2,9 @@
 
 The program is the last fenced code block (```python ... ``` or ``` ... ```) after the reasoning block.
 Tests come from `metadata["tests"]` or else `metadata["ground_truth"]`: a list (or a JSON string of a list)
-of assert strings and/or `{"input": ..., "output": ...}` stdin/stdout cases (see rewards/sandbox.py).
+of assert strings and/or `{"input": ..., "output": ...}` stdin/stdout cases (see rewards/sandbox.py). Assert
+tests are judged outside the program's process and see only plain data from it (bool, int, float, str, bytes,
+None and containers of them): a wrong program scores 0 however it tampers with its own interpreter.
 
 Params: `executor_url` (str, default "": use the default executor, normally the local sandbox; else POST to
 that sandbox service), `test_timeout_s` (per-test seconds for the local sandbox).

@@ -2,9 +2,10 @@
 
 Tests are a list whose items are either `{"input": str, "output": str}` (stdin/stdout case: the program runs
 once per case; passed when it exits 0 and its stdout equals `output` up to whitespace) or a string of Python
-code run against the program's names (assert-based: passed when it raises nothing). Assert tests run in the
-trusted launcher against handles on the program's objects in a child (sandbox_rpc.py): only plain data comes
-back, so an object that equals everything, a patched builtin or a forged report cannot pass a test.
+code run against the program's names (assert-based: passed when it raises nothing). Assert tests run in an
+unprivileged judge process against handles on the program's objects in a separate child (sandbox_rpc.py):
+only plain data comes back, so an object that equals everything, a patched builtin or a forged report cannot
+pass a test.
 
 `LocalSandboxExecutor` isolation, strongest available (`isolation_level()` says which; `describe()` says it
 and the memory cap in force):
