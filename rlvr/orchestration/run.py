@@ -22,6 +22,7 @@ import contextlib
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,8 +131,8 @@ def _handlers_kept(signals: StopSignals | None) -> Iterator[None]:
     worker an absl "failure signal handler" (C) that prints a stack and aborts the process on SIGTERM (seen: exit
     -6 after a Ctrl-C); blocking the signals around ray.init does not help, because another thread may take the
     signal and the main thread then runs whichever handler is installed at that moment."""
-    if signals is None:
-        yield
+    if signals is None or threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers (and StopSignals installs none elsewhere)
         return
     original = signal.signal
     sigs = (signal.SIGINT, signal.SIGTERM)
