@@ -1,0 +1,70 @@
+"""The judge's wire format and handles (rlvr/rewards/sandbox_rpc.py), without a sandbox: pure functions only."""
+
+import ast
+import math
+
+import pytest
+
+from rlvr.rewards.sandbox_rpc import Remote, RemoteError, _module_like, decode, encode
+
+
+def _no_refs(obj):
+    raise AssertionError(f"unexpected ref for {obj!r}")
+
+
+PLAIN = [None, True, False, 0, -7, 2 ** 200, -(2 ** 70), 1.5, float("inf"), float("-inf"), "", "ünï", b"\x00\xff",
+         3 + 4j, [1, [2, [3]]], (1, "a"), {1, 2}, frozenset({"x"}), {"k": [1, (2,)], 3: None, (1, 2): {4}}]
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=[repr(v)[:20] for v in PLAIN])
+def test_plain_values_round_trip_exactly(value):
+    back = decode(encode(value, _no_refs), _no_refs)
+    assert back == value and type(back) is type(value)
+
+
+def test_nan_round_trips():
+    assert math.isnan(decode(encode(float("nan"), _no_refs), _no_refs))
+
+
+def test_anything_not_exactly_plain_becomes_a_ref():
+    class I(int):
+        pass
+
+    class L(list):
+        pass
+
+    refs = []
+    enc = encode([I(3), L([1]), True, object()], lambda o: refs.append(o) or len(refs) - 1)
+    assert enc == [{"ref": 0}, {"ref": 1}, True, {"ref": 2}] and type(refs[0]) is I
+
+
+@pytest.mark.parametrize("bad", [{"tuple": [1], "set": [1]}, {"eval": "1"}, {"int": 5}, {"float": "1e9"},
+                                 {"dict": [[1]]}, {"complex": ["a", 1]}, {"ref": "0"}, {"bytes": "zz"},
+                                 {"set": [[1]]}])
+def test_decode_rejects_what_encode_cannot_produce(bad):
+    with pytest.raises((ValueError, TypeError)):
+        decode(bad, lambda n: n)
+
+
+def test_deep_nesting_is_refused():
+    x = []
+    for _ in range(1000):
+        x = [x]
+    with pytest.raises(ValueError):
+        encode(x, _no_refs)
+
+
+def test_remote_handles_refuse_comparisons_and_membership():
+    handle = Remote(channel=None, ref=0)
+    for compare in (lambda: handle == 3, lambda: handle != 3, lambda: 3 == handle, lambda: handle < 1,
+                    lambda: 1 in handle, lambda: handle in [1, 2]):
+        with pytest.raises(TypeError):
+            compare()
+    assert handle is not None and {handle: 1}[handle] == 1  # identity and hashing still work
+    assert handle in [handle]  # identity short-cut, no comparison asked of the program
+    assert issubclass(RemoteError, Exception)
+
+
+def test_module_like_names_are_attribute_bases_never_called():
+    tree = ast.parse("assert math.isclose(f(x), 1)\nassert copy(y) == copy.z\nimport os\nos.getcwd()")
+    assert _module_like(tree) == {"math", "os"}
