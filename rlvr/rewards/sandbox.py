@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -46,6 +47,7 @@ from typing import Any, Protocol
 from rlvr.rewards.sandbox_cgroup import SampleCgroup, memory_cap
 from rlvr.rewards.sandbox_launcher import landlock_abi
 
+_log = logging.getLogger(__name__)
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _NS_FLAGS = ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
 _LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"}
@@ -155,6 +157,7 @@ class LocalSandboxExecutor:
             workdir = os.path.join(scratch_parent, "work")
             os.mkdir(workdir, 0o700)
         limits = {**asdict(self.limits), "num_processes": self.num_processes()}
+        proc = None
         try:
             cgroup = SampleCgroup.create(self.memory_cap, self.limits) if self.memory_cap != "rlimits" else None
             job = {"program": program, "tests": tests, "limits": limits, "python": self.python, "workdir": workdir,
@@ -166,9 +169,16 @@ class LocalSandboxExecutor:
             result = json.loads(proc.stdout)
             passed = result["passed"]
             outputs = [str(o) for o in result.get("outputs", [])]
+            if result.get("errors"):  # the sandbox, not the program, failed these tests
+                _log.warning("code sandbox (%s) could not run %d of %d tests: %s", self.level,
+                             len(result["errors"]), len(tests), "; ".join(map(str, result["errors"][:3])))
             return [p is True for p in passed][:len(tests)] + [False] * max(0, len(tests) - len(passed)), outputs
-        except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired):
-            # Trust boundary: whatever went wrong in the sandbox, the program passed nothing.
+        except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as e:
+            # Trust boundary: whatever went wrong in the sandbox, the program passed nothing. The launcher bounds
+            # every test itself, so getting here is the sandbox failing, not the program: say so.
+            stderr = proc.stderr.decode("utf-8", "replace")[-300:] if proc is not None else ""
+            _log.warning("code sandbox (%s) failed, %d tests scored 0: %s: %s %s", self.level, len(tests),
+                         type(e).__name__, e, stderr)
             return [False] * len(tests), []
         finally:
             if cgroup is not None:

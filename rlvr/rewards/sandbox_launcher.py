@@ -425,15 +425,18 @@ def main() -> None:
     timeout = float(limits["test_timeout_s"])
     passed: list[bool] = []
     outputs: list[str] = []
-    for test in job["tests"]:
+    errors: list[str] = []
+    for i, test in enumerate(job["tests"]):
         try:
             if isinstance(test, dict):
                 passed.append(sandbox.run_stdio(test, timeout, outputs))
             else:
                 passed.append(sandbox.run_assert(str(test), timeout, rpc))
-        except Exception:  # trust boundary: a test the sandbox could not run is a failed test
+        except Exception as e:  # trust boundary: a test the sandbox could not run is failed, and reported
             passed.append(False)
-    sys.stdout.write(json.dumps({"passed": passed, **({"outputs": outputs} if job.get("return_outputs") else {})}))
+            errors.append(f"test {i}: {type(e).__name__}: {e}"[:300])
+    result = {"passed": passed, "errors": errors, **({"outputs": outputs} if job.get("return_outputs") else {})}
+    sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
 
 
