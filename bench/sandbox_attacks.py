@@ -119,7 +119,16 @@ ESCAPES: dict[str, str] = {
     "capabilities_dropped": "st = dict(l.split(':\\t', 1) for l in open('/proc/self/status') if ':\\t' in l)\n"
                             "for k in ('CapEff', 'CapPrm', 'CapInh', 'CapAmb'):\n    if int(st[k], 16):\n"
                             "        LEAKS.append(k + '=' + st[k].strip())\nif st['NoNewPrivs'].strip() != '1':\n"
-                            "    LEAKS.append('no_new_privs off')\n",
+                            "    LEAKS.append('no_new_privs off')\nif os.uname().machine == 'x86_64' and st['Seccomp'].strip() != '2':\n"
+                            "    LEAKS.append('no seccomp filter')\n",
+    "kernel_surface_syscalls": "calls = [('unshare(NEWUSER)', 272, 0x10000000), ('ptrace(TRACEME)', 101, 0),"
+                               " ('bpf', 321, 0), ('io_uring_setup', 425, 1), ('userfaultfd', 323, 0),"
+                               " ('perf_event_open', 298, 0), ('keyctl', 250, 0), ('setns', 308, 0),"
+                               " ('clone(NEWNS)', 56, 0x20000 | 17)]\n"
+                               "for name, nr, arg in calls:\n"
+                               "    rc = libc.syscall(nr, ctypes.c_long(arg), None, None, None, None)\n"
+                               "    if rc == 0 and name.startswith('clone'):\n        os._exit(0)  # the child\n"
+                               "    if rc >= 0:\n        LEAKS.append(name + ' allowed')\n",
     "umount_tmp_reveals_host": "for target in (b'/tmp', b'/', b'/usr', b'/proc'):\n"
                                "    if libc.umount2(target, 2) == 0:\n        LEAKS.append('unmounted ' + target.decode())\n"
                                "CLONE_NEWUSER, CLONE_NEWNS = 0x10000000, 0x20000\n"

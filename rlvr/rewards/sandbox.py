@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from rlvr.rewards.sandbox_cgroup import SampleCgroup, memory_cap
-from rlvr.rewards.sandbox_launcher import landlock_abi
+from rlvr.rewards.sandbox_confine import landlock_abi
 
 _log = logging.getLogger(__name__)
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")

@@ -33,7 +33,6 @@ import ctypes
 import fcntl
 import json
 import os
-import resource
 import select
 import signal
 import subprocess
@@ -43,10 +42,7 @@ import types
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_SECUREBITS, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 4, 24, 28, 38, 47
-PR_SET_CHILD_SUBREAPER, PR_CAP_AMBIENT_CLEAR_ALL = 36, 4
-# SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_CAP_AMBIENT_RAISE | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
-SECURE_BITS = 0x01 | 0x02 | 0x40 | 0x80
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -122,97 +118,11 @@ def _build_root(python: str, tmp_size_mb: int) -> None:
     _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-# Landlock (linux/landlock.h): filesystem rights, TCP bind/connect, scopes (abstract unix sockets, signals)
-LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1, 2, 4, 8
-LL_MAKE_CHAR, LL_MAKE_BLOCK, LL_TRUNCATE = 1 << 6, 1 << 11, 1 << 14
-SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
-
-
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI version, 0 when it has none (or the LSM is off)."""
-    version = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    return max(0, version)
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def _landlock(abi: int, read: list[str], write: list[str]) -> None:
-    """Restrict this process (and what it execs) to reading `read`, writing `write`, no TCP, no outside signals."""
-    handled_fs = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
-    attr = (ctypes.c_uint64 * 3)(handled_fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
-    size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if ruleset < 0:
-        _check("landlock_create_ruleset", -1)
-    file_rights = LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | (LL_TRUNCATE if abi >= 3 else 0)
-    readonly = LL_EXECUTE | LL_READ_FILE | LL_READ_DIR
-    writable = handled_fs & ~(LL_MAKE_CHAR | LL_MAKE_BLOCK | (1 << 15))
-    for paths, rights in ((read, readonly), (write, writable)):
-        for path in paths:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue
-            allowed = rights if os.path.isdir(path) else rights & file_rights
-            rule = _PathBeneath(allowed, fd)
-            rc = _libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
-                               ctypes.c_uint32(0))
-            os.close(fd)
-            _check(f"landlock_add_rule {path}", 0 if rc == 0 else -1)
-    rc = _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
-    os.close(ruleset)
-    _check("landlock_restrict_self", 0 if rc == 0 else -1)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: bool,
-                     landlock: tuple[int, list[str], list[str]]) -> None:
-    """Runs in the forked child before exec: new session, rlimits, no capabilities, then exec (docstring)."""
-    os.setsid()
-    for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_DFL)  # the launcher ignores these; the program gets the defaults
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # the program, not the launcher, is what an OOM kill should take
-    except OSError:
-        pass
-    cpu = int(limits["cpu_s"])
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_CORE, (0, 0)),
-                       (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2), (resource.RLIMIT_NOFILE, (64, 64)),
-                       (resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2),
-                       (resource.RLIMIT_NPROC, (limits["num_processes"],) * 2)):
-        resource.setrlimit(res, value)
-    if privileged:  # CAP_SETPCAP: empty the bounding set and lock uid 0 out of capabilities on exec
-        for cap in range(cap_last + 1):
-            _check("capbset_drop", _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0))
-        _check("securebits", _libc.prctl(PR_SET_SECUREBITS, SECURE_BITS, 0, 0, 0))
-    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3, all zero
-    _check("capset", _libc.capset(ctypes.byref(header), data))
-    _check("no_new_privs", _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
-    if landlock[0]:
-        _landlock(*landlock)
-
-
 class Sandbox:
     """Spawns and kills the program's processes for one job (see the module docstring)."""
 
-    def __init__(self, job: dict, stub_source: str) -> None:
-        self.job, self.limits, self.stub_source = job, job["limits"], stub_source
+    def __init__(self, job: dict, stub_source: str, confine: types.ModuleType) -> None:
+        self.job, self.limits, self.stub_source, self.confine = job, job["limits"], stub_source, confine
         self.namespaced, self.uid = job["namespaced"], job["drop_uid"]
         self.judge_uid = None if self.uid is None else self.uid + 1  # root: the judge is not the program's uid
         with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -227,7 +137,7 @@ class Sandbox:
                     *(f"/etc/{f}" for f in ETC_FILES), prefix, *devices]
             write = [job["workdir"], *devices[:3]]
             read.append("/proc/self")  # opened in the child: its own /proc entry only
-        self.landlock = (landlock_abi(), read, write)
+        self.landlock = (confine.landlock_abi(), read, write)
         self.env = {"PATH": "/usr/bin:/bin", "HOME": job["workdir"], "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         if not self.namespaced:
             _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come to us, so we can kill them
@@ -240,10 +150,11 @@ class Sandbox:
         os.lseek(self.program_fd, 0, os.SEEK_SET)
         limits = {**self.limits, "cpu_s": cpu_s}
         argv = [self.job["python"], "-I", "-S", "-c", self.stub_source, *args]  # HERE is not in the sandbox tree
+        def confine() -> None:
+            self.confine.drop_privileges(limits, self.uid, self.cap_last, self.privileged, self.landlock)
+
         return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, cwd=self.job["workdir"],
-                                env=self.env, close_fds=True, pass_fds=(self.program_fd, *pass_fds),
-                                preexec_fn=lambda: _drop_privileges(limits, self.uid, self.cap_last, self.privileged,
-                                                                     self.landlock))
+                                env=self.env, close_fds=True, pass_fds=(self.program_fd, *pass_fds), preexec_fn=confine)
 
     def kill_all(self, proc: subprocess.Popen, judge: int = -1) -> None:
         if judge > 0:
@@ -367,7 +278,8 @@ class Sandbox:
                         pass
             limits = {**self.limits, "cpu_s": 2 * timeout + 1, "num_processes": 1}
             read = self.landlock[1]
-            _drop_privileges(limits, self.judge_uid, self.cap_last, self.privileged, (self.landlock[0], read, []))
+            self.confine.drop_privileges(limits, self.judge_uid, self.cap_last, self.privileged,
+                                         (self.landlock[0], read, []))
             channel = rpc.Channel(request_w, reply_r, deadline=time.monotonic() + 2 * timeout)
             ok = rpc.run_assert_test(test, channel)
         finally:  # whatever happened, the judge never returns into the launcher's code
@@ -377,13 +289,14 @@ class Sandbox:
                 os._exit(0)
 
 
-def _load_rpc() -> tuple[types.ModuleType, str]:
-    """sandbox_rpc.py as a module (trusted side) and as source (run by each child with -c)."""
-    with open(os.path.join(HERE, "sandbox_rpc.py"), encoding="utf-8") as f:
+def _load(filename: str) -> tuple[types.ModuleType, str]:
+    """A sibling file as a module and as source (we run as a script: no package imports)."""
+    with open(os.path.join(HERE, filename), encoding="utf-8") as f:
         source = f.read()
-    module = types.ModuleType("sandbox_rpc")
-    sys.modules["sandbox_rpc"] = module
-    exec(compile(source, "sandbox_rpc.py", "exec"), module.__dict__)
+    name = filename.removesuffix(".py")
+    module = types.ModuleType(name)
+    sys.modules[name] = module
+    exec(compile(source, filename, "exec"), module.__dict__)
     return module, source
 
 
@@ -405,7 +318,8 @@ def main() -> None:
                 f.write("-1000")
         except OSError:
             pass
-    rpc, stub_source = _load_rpc()  # before the pivot: HERE is not in the sandbox's tree
+    rpc, stub_source = _load("sandbox_rpc.py")  # before the pivot: HERE is not in the sandbox's tree
+    confine = _load("sandbox_confine.py")[0]
     for name in PRELOADED:  # the judges (other uids, Landlock) may not reach our stdlib on disk: import it now
         try:
             __import__(name)
@@ -421,7 +335,7 @@ def main() -> None:
     # as PID 1, signals without a handler are dropped when they come from inside the namespace: keep it so
     for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    sandbox = Sandbox(job, stub_source)
+    sandbox = Sandbox(job, stub_source, confine)
     timeout = float(limits["test_timeout_s"])
     passed: list[bool] = []
     outputs: list[str] = []

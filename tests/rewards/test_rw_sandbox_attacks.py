@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import sandbox_attacks as attacks  # noqa: E402
 
 from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits, isolation_level, memory_cap, set_default_executor  # noqa: E402
-from rlvr.rewards.sandbox_launcher import landlock_abi  # noqa: E402
+from rlvr.rewards.sandbox_confine import landlock_abi  # noqa: E402
 
 LIMITS = SandboxLimits(test_timeout_s=5.0)
 root_ns = pytest.mark.skipif(isolation_level() != "namespaces", reason="needs root and unshare (namespace isolation)")
