@@ -11,10 +11,9 @@ Invariants:
   urandom}, a new /proc, and private tmpfs /tmp and /dev/shm; the host root is detached and the root itself is
   remounted read-only. Nothing of $HOME, /run, /var or /work is in the tree, so unmounting anything reveals an
   empty directory, and the only writable places are the private tmpfs mounts.
-- Untrusted code runs only in children that called setsid, set rlimits, raised their own OOM score, dropped the
-  capability bounding set, ambient and inheritable capabilities, locked SECBIT_NOROOT (uid 0 gets no
-  capabilities on exec), switched to the per-sample uid as root, cleared all capabilities and set
-  no_new_privs, before exec: CapEff, CapPrm and CapBnd are 0 in the program in the namespace modes.
+- Untrusted code runs only in children confined by sandbox_confine.drop_privileges before exec (new session,
+  rlimits, the per-sample uid as root, no capabilities, SECBIT_NOROOT, no_new_privs, Landlock, seccomp):
+  CapEff, CapPrm and CapBnd are 0 in the program in the namespace modes.
 - The launcher is non-dumpable and keeps capabilities the program lacks, so the program cannot read its memory,
   environment or file descriptors through /proc or ptrace; as PID 1 it cannot be signalled from inside.
 - The program never holds the tests: expected outputs and assert tests stay in this process. Stdio tests
@@ -23,7 +22,8 @@ Invariants:
   domain, no write access anywhere) that runs the test code against the program's objects through
   sandbox_rpc.py and writes one verdict byte to a pipe that only it holds.
 - Landlock (when the kernel has it) confines every program and judge: read-only system paths, writable
-  private scratch only, no TCP, no abstract unix sockets, no signals or ptrace outside its own domain.
+  private scratch only, no TCP, no abstract unix sockets, no signals or ptrace outside its own domain. The
+  launcher itself is not confined (it mounts, forks judges and kills).
 - After each test every other process of the sample is SIGKILLed and reaped (kill(-1) from PID 1; in the
   rlimits mode, kill(-1) as the sample uid when root, else the process group and every orphan re-parented to
   the launcher as a child subreaper).
@@ -150,6 +150,7 @@ class Sandbox:
         os.lseek(self.program_fd, 0, os.SEEK_SET)
         limits = {**self.limits, "cpu_s": cpu_s}
         argv = [self.job["python"], "-I", "-S", "-c", self.stub_source, *args]  # HERE is not in the sandbox tree
+
         def confine() -> None:
             self.confine.drop_privileges(limits, self.uid, self.cap_last, self.privileged, self.landlock)
 
