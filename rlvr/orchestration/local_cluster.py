@@ -54,10 +54,19 @@ def token_auth_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "disabled"}
 
 
-def ray_executable() -> str:
-    """The `ray` CLI of this Python environment (falls back to the one on PATH)."""
+RAY_CLI_MODULE = "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())"
+"""Runs the `ray` CLI from the importable package: Ray installed on PYTHONPATH (an offline site-packages tree,
+a `pip install --target`) has no `ray` script anywhere."""
+
+
+def ray_command() -> list[str]:
+    """The `ray` CLI of this Python environment, else the one on PATH, else this interpreter running the CLI
+    of the `ray` package it imports (`RAY_CLI_MODULE`)."""
     candidate = os.path.join(os.path.dirname(sys.executable), "ray")
-    return candidate if os.path.exists(candidate) else (shutil.which("ray") or "ray")
+    if os.path.exists(candidate):
+        return [candidate]
+    found = shutil.which("ray")
+    return [found] if found else [sys.executable, "-c", RAY_CLI_MODULE]
 
 
 def _stop_with_parent() -> None:
@@ -134,7 +143,7 @@ class LocalRayHead:
         if self.temp_dir is None:
             self.temp_dir = tempfile.mkdtemp(prefix="rlvr-ray-")
             self._own_temp_dir = True
-        cmd = [ray_executable(), "start", "--head", "--block", "--disable-usage-stats",
+        cmd = [*ray_command(), "start", "--head", "--block", "--disable-usage-stats",
                "--port", str(self.port), "--dashboard-host", "127.0.0.1",
                "--dashboard-port", str(self.dashboard_port), "--temp-dir", self.temp_dir,
                "--ray-client-server-port", str(free_port()),
