@@ -12,8 +12,9 @@ Invariants:
   `epoch` bumps, telling the page to drop what it had for that file.
 - `/api/data?cursor=...` returns, per run and file, only the records past the page's cursor.
 - The server binds 127.0.0.1 only and serves nothing but the page and the run records. It answers only
-  requests whose Host header names this machine's loopback (localhost, 127.0.0.1, [::1], with or without the
-  bound port): any other Host gets 403, so a web page on another origin cannot read the run records through
+  requests whose Host header names this machine's loopback (localhost, 127.0.0.1, [::1] or the bound address)
+  with any port (a forwarded port, `ssh -L 9000:localhost:8765`, arrives as `localhost:9000`): any other Host
+  gets 403, so a web page on another origin cannot read the run records through
   DNS rebinding (its name resolving to 127.0.0.1 does not change the Host header the browser sends).
 """
 
@@ -174,21 +175,37 @@ def export_html(run_dirs: list[str], path: str | os.PathLike[str]) -> Path:
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
 
-def host_allowed(host: str | None, port: int) -> bool:
-    """Whether a request's Host header names the loopback address this server is bound to (port optional)."""
+def host_allowed(host: str | None, bound_host: str = "127.0.0.1") -> bool:
+    """Whether a request's Host header names the loopback (or the address the server is bound to), with any port.
+
+    The port is not checked: a forwarded port (`ssh -L 9000:localhost:8765`, VS Code's port forwarding) makes the
+    browser send `Host: localhost:9000`. DNS rebinding is about the hostname, which stays the attacker's."""
     if not host:
         return False
     host = host.strip().lower()
-    for name in LOOPBACK_HOSTS:
-        if host in (name, f"{name}:{port}"):
-            return True
-    return False
+    if host.startswith("["):  # an IPv6 literal: "[addr]" or "[addr]:port"
+        end = host.find("]")
+        if end < 0:
+            return False
+        name, rest = host[:end + 1], host[end + 1:]
+        if rest and not rest.startswith(":"):
+            return False
+        port = rest[1:]
+        if rest and not port:
+            return False
+    else:
+        name, _, port = host.partition(":")
+        if _ and not port:
+            return False
+    if port and not (port.isdigit() and len(port) <= 5):
+        return False
+    return name in {*LOOPBACK_HOSTS, bound_host.lower()}
 
 
 def _handler(dash: Dashboard, page: bytes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if not host_allowed(self.headers.get("Host"), self.server.server_address[1]):
+            if not host_allowed(self.headers.get("Host"), str(self.server.server_address[0])):
                 self._send(HTTPStatus.FORBIDDEN, "text/plain", b"forbidden: unknown Host header")
                 return
             url = urllib.parse.urlsplit(self.path)
