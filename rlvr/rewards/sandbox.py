@@ -18,7 +18,8 @@ and the memory cap in force):
 - "rlimits" (neither): rlimits, a fresh session and, as root, a per-sample uid; the scratch dir is a host
   temp dir removed afterwards. Weaker: no network or filesystem isolation (README, Security and reliability).
 Memory (`memory_cap()`): as root, a cgroup per sample ("cgroup2" or "cgroup1": memory and pids limits on the
-whole sample); otherwise "rlimits": RLIMIT_NPROC is lowered so processes x RLIMIT_AS <= the total budget.
+whole sample); otherwise "rlimits": RLIMIT_NPROC is lowered so the program's own processes x RLIMIT_AS <= the total
+budget (sandbox processes that share its uid in a user namespace are added on top: `num_shared_processes`).
 The launcher is always started with a minimal environment, so no secret of ours is visible to the program.
 
 `RemoteExecutor` posts JSON to a user's sandbox service (stdlib urllib): request
@@ -115,17 +116,23 @@ class LocalSandboxExecutor:
         self.python = python or base
 
     def num_processes(self) -> int:
-        """RLIMIT_NPROC of the program: the configured count under a cgroup, else what the budget allows."""
+        """Processes and threads the program may have at once: the configured count under a cgroup, else what the
+        memory budget allows (processes x RLIMIT_AS <= total)."""
         if self.memory_cap != "rlimits":
             return self.limits.num_processes
-        fit = max(1, self.limits.total_memory_bytes // self.limits.memory_bytes)
-        # in a user namespace the launcher shares the program's uid, so it counts against the limit too
-        return min(self.limits.num_processes, fit) + (self.level == "userns")
+        return min(self.limits.num_processes, max(1, self.limits.total_memory_bytes // self.limits.memory_bytes))
+
+    def num_shared_processes(self) -> dict[str, int]:
+        """Sandbox processes that run as the program's uid, by test kind: RLIMIT_NPROC counts them too, so the
+        program's limit is raised by exactly that many. In a user namespace: the `unshare` parent and the launcher,
+        plus the judge of an assert test (one uid is mapped there); as root the program's uid is its own."""
+        shared = 2 if self.level == "userns" else 0
+        return {"stdio": shared, "rpc": shared + (shared > 0)}
 
     def describe(self) -> dict:
         """What is in force: isolation level, memory cap kind and the resulting process limit."""
         return {"isolation": self.level, "memory_cap": self.memory_cap, "landlock_abi": landlock_abi(),
-                "num_processes": self.num_processes(),
+                "num_processes": self.num_processes(), "num_shared_processes": self.num_shared_processes(),
                 "total_memory_bytes": self.limits.total_memory_bytes, "memory_bytes": self.limits.memory_bytes}
 
     def _deadline(self, tests: list[Any]) -> float:
@@ -156,7 +163,8 @@ class LocalSandboxExecutor:
             os.chmod(scratch_parent, 0o711)  # the sample uid may enter its workdir but not list the parent
             workdir = os.path.join(scratch_parent, "work")
             os.mkdir(workdir, 0o700)
-        limits = {**asdict(self.limits), "num_processes": self.num_processes()}
+        limits = {**asdict(self.limits), "num_processes": self.num_processes(),
+                  "num_shared_processes": self.num_shared_processes()}
         proc = None
         try:
             cgroup = SampleCgroup.create(self.memory_cap, self.limits) if self.memory_cap != "rlimits" else None

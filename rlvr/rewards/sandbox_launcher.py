@@ -148,7 +148,9 @@ class Sandbox:
 
     def spawn(self, args: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...], cpu_s: float) -> subprocess.Popen:
         os.lseek(self.program_fd, 0, os.SEEK_SET)
-        limits = {**self.limits, "cpu_s": cpu_s}
+        # RLIMIT_NPROC counts every process of the uid: add the sandbox's own that share it (sandbox.py)
+        num = self.limits["num_processes"] + self.limits["num_shared_processes"][args[0]]
+        limits = {**self.limits, "cpu_s": cpu_s, "num_processes": num}
         argv = [self.job["python"], "-I", "-S", "-c", self.stub_source, *args]  # HERE is not in the sandbox tree
 
         def confine() -> None:

@@ -88,8 +88,7 @@ def test_memory_budget_holds_for_the_whole_sample(cap):
     described = ex.describe()
     assert described["memory_cap"] == (memory_cap() if cap == "detected" else "rlimits")
     if described["memory_cap"] == "rlimits":
-        num_own = described["num_processes"] - (described["isolation"] == "userns")
-        assert num_own * described["memory_bytes"] <= described["total_memory_bytes"]
+        assert described["num_processes"] * described["memory_bytes"] <= described["total_memory_bytes"]
     report = attacks._parse(ex.run_capture("import json\n" + attacks.MEMORY_BOMB))
     assert report is None or report["alive"] < 8, report
     assert ex.run(attacks.HONEST["assert"], ["assert add(2, 3) == 5"]) == [True]
@@ -110,8 +109,8 @@ def _nobody_python() -> str | None:
     return None
 
 
-@as_root
-def test_catalogue_as_unprivileged_user_in_user_namespace():
+def _nobody_or_skip() -> str:
+    """The interpreter to run as uid 65534 in user-namespace mode; skips where this host cannot."""
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
     userns = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
@@ -121,6 +120,12 @@ def test_catalogue_as_unprivileged_user_in_user_namespace():
     python = _nobody_python()
     if python is None:
         pytest.skip("no Python interpreter that uid 65534 can run, imports this checkout and starts in a userns")
+    return python
+
+
+@as_root
+def test_catalogue_as_unprivileged_user_in_user_namespace():
+    python = _nobody_or_skip()
     home = tempfile.mkdtemp(prefix="rlvr-nobody-home-")
     os.chown(home, 65534, 65534)
     try:
@@ -135,3 +140,37 @@ def test_catalogue_as_unprivileged_user_in_user_namespace():
     assert result["mode"] == "userns" and result["memory_cap"] == "rlimits", result
     assert result["not_contained"] == [] and result["attacks_contained"] == result["attacks_tried"], result
     assert result["honest_passed"] is True
+
+
+THREADS = ("import threading\ndef started():\n    stop, n = threading.Event(), 0\n    try:\n        for _ in range(3):\n"
+           "            threading.Thread(target=stop.wait).start()\n            n += 1\n    except RuntimeError:\n"
+           "        pass\n    stop.set()\n    return n\n")
+SUBPROCESS = ("import subprocess, sys\ndef child():\n    out = subprocess.run([sys.executable, '-c', 'print(7)'], "
+              "capture_output=True)\n    return out.stdout.decode().strip()\n")
+NOBODY_RUN = """import json, sys
+sys.path.insert(0, sys.argv[1])
+from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits
+ex = LocalSandboxExecutor(SandboxLimits(test_timeout_s=5.0))
+threads, child = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+print(json.dumps({"describe": ex.describe(),
+                  "threads": ex.run(threads, ["assert started() == 1"])
+                             + ex.run(threads + "print(started())", [{"input": "", "output": "1"}]),
+                  "child": ex.run(child, ["assert child() == '7'"])
+                           + ex.run(child + "print(child())", [{"input": "", "output": "7"}])}))
+"""
+
+
+@as_root
+def test_honest_threads_and_subprocess_in_user_namespace():
+    """Run as uid 65534: RLIMIT_NPROC counts the unshare parent, the launcher and the judge too (same uid), so the
+    program still gets exactly its own budget: 2 processes or threads of 512 MB, i.e. one thread or one child."""
+    python = _nobody_or_skip()
+    proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-c",
+                           NOBODY_RUN, str(ROOT), json.dumps(THREADS), json.dumps(SUBPROCESS)],
+                          capture_output=True, timeout=300, cwd="/", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    described = result["describe"]
+    assert described["isolation"] == "userns" and described["num_processes"] == 2, described
+    assert result["threads"] == [True, True], result  # one extra thread starts, a second one does not
+    assert result["child"] == [True, True], result
