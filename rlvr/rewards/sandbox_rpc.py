@@ -9,8 +9,10 @@ plain value, fetched); the judge sends the launcher one verdict byte over a pipe
 
 Invariants (why a wrong program cannot pass):
 - Only plain data crosses back: None, bool, int, float, str, bytes, complex, and list, tuple, set, frozenset,
-  dict of those, each checked by exact type; anything else (a subclass of int, an object whose __eq__ says
-  True) arrives as a `Remote` handle, which refuses ==, <, hash-free comparisons and `in`.
+  dict of those, each checked by exact type in the judge; anything else (an object whose __eq__ says True)
+  arrives as a `Remote` handle, which refuses ==, <, hash-free comparisons and `in`. The child sends an
+  instance of a subclass of those types (Counter, OrderedDict, namedtuple, IntEnum, a str subclass) or a deque
+  as its plain copy, read through the base type's code: overridden __eq__ or __hash__ never reach the judge.
 - The verdict is whether the trusted test code raised; it is computed in the judge with its own builtins.
   The program never holds the tests, the verdict pipe, or a way into the judge's or the launcher's memory.
 - Program names that shadow a builtin are not imported into the test namespace (a program `abs` or `len`
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import json
 import os
 import select
@@ -36,6 +39,8 @@ from typing import Any, Callable
 MAX_MESSAGE_BYTES = 16 << 20
 MAX_DEPTH = 200
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
+_PLAIN_TYPES = (*_PLAIN_SCALARS, list, tuple, set, frozenset, dict, bytes, complex)
+_NOT_PLAIN = object()
 # Standard-library modules the judge imports itself when the program binds their name (import side effects)
 _UNTRUSTED_STDLIB = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser"})
 
@@ -44,8 +49,36 @@ class RemoteError(Exception):
     """The program's side failed to answer (exited, timed out, sent garbage) or raised a non-builtin error."""
 
 
-def encode(x: Any, ref: Callable[[Any], int], depth: int = 0) -> Any:
-    """`x` as JSON-ready plain data, exact types only; other objects become {"ref": ref(obj)}."""
+def _plain_copy(x: Any) -> Any:
+    """`x`, an instance of a subclass of a plain type (or a deque), as that plain type: read through the base type's
+    own C code (`int.__int__`, `list.__iter__`, ...), never through methods the subclass overrides."""
+    t = type(x)
+    if issubclass(t, int):  # bool cannot be subclassed; IntEnum, IntFlag and other int subclasses land here
+        return int.__int__(x)
+    if issubclass(t, float):
+        return float.__float__(x)
+    if issubclass(t, str):
+        return str.__str__(x)
+    if issubclass(t, bytes):
+        return bytes.fromhex(bytes.hex(x))
+    if issubclass(t, complex):
+        return complex(complex.real.__get__(x), complex.imag.__get__(x))
+    if issubclass(t, dict):  # Counter, defaultdict, OrderedDict
+        return dict(dict.items(x))
+    for base in (list, tuple, set, frozenset):  # namedtuple lands on tuple
+        if issubclass(t, base):
+            return base(base.__iter__(x))
+    if issubclass(t, collections.deque):
+        return list(collections.deque.__iter__(x))
+    return _NOT_PLAIN
+
+
+def encode(x: Any, ref: Callable[[Any], int], depth: int = 0, subclasses: bool = False) -> Any:
+    """`x` as JSON-ready plain data, exact types only; other objects become {"ref": ref(obj)}.
+
+    `subclasses` (the untrusted child only): an instance of a subclass of a plain type or a deque is sent as its
+    plain copy (`_plain_copy`), which the program could have returned itself; the judge never converts.
+    """
     if depth > MAX_DEPTH:
         raise ValueError("nesting too deep")
     t = type(x)
@@ -56,15 +89,20 @@ def encode(x: Any, ref: Callable[[Any], int], depth: int = 0) -> Any:
     if t in _PLAIN_SCALARS:
         return x
     if t is list:
-        return [encode(v, ref, depth + 1) for v in x]
+        return [encode(v, ref, depth + 1, subclasses) for v in x]
     if t in (tuple, set, frozenset):
-        return {t.__name__: [encode(v, ref, depth + 1) for v in x]}
+        return {t.__name__: [encode(v, ref, depth + 1, subclasses) for v in x]}
     if t is dict:
-        return {"dict": [[encode(k, ref, depth + 1), encode(v, ref, depth + 1)] for k, v in x.items()]}
+        return {"dict": [[encode(k, ref, depth + 1, subclasses), encode(v, ref, depth + 1, subclasses)]
+                         for k, v in x.items()]}
     if t is bytes:
         return {"bytes": x.hex()}
     if t is complex:
         return {"complex": [encode(x.real, ref), encode(x.imag, ref)]}
+    if subclasses:
+        plain = _plain_copy(x)
+        if plain is not _NOT_PLAIN:
+            return encode(plain, ref, depth, subclasses)
     return {"ref": ref(x)}
 
 
@@ -333,8 +371,7 @@ def _child(argv: list[str]) -> None:
         return
     names = {}
     for name, value in list(module.__dict__.items()):
-        names[name] = {"ref": ref(value), "plain": type(value) in (*_PLAIN_SCALARS, list, tuple, set, frozenset,
-                                                                     dict, bytes, complex)}
+        names[name] = {"ref": ref(value), "plain": issubclass(type(value), (*_PLAIN_TYPES, collections.deque))}
         if isinstance(value, types.ModuleType):
             names[name]["module"] = value.__name__
     send({"globals": names})
@@ -354,9 +391,9 @@ def _child(argv: list[str]) -> None:
                 value = obj[decode(req["key"], objects.__getitem__)]
             else:
                 value = {"value": lambda o: o, "len": len, "list": list, "bool": bool, "str": str}[op](obj)
-            reply = {"value": encode(value, ref)}
+            reply = {"value": encode(value, ref, subclasses=True)}
             if args is not None:
-                reply["args"] = [encode(a, ref) for a in args]
+                reply["args"] = [encode(a, ref, subclasses=True) for a in args]
         except Exception as e:
             reply = {"raised": type(e).__name__}
         send(reply)

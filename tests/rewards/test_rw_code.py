@@ -208,6 +208,15 @@ SHAPES = [
      "check(candidate_sum)"),
     ("class Counter:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n"
      "        return self", "c = Counter()\nc.inc().inc()\nassert c.n == 2 and len([c]) == 1 and c is not None"),
+    # subclasses of plain types come back as their plain copies
+    ("from collections import Counter\ndef count(s):\n    return Counter(s)",
+     "assert count('aab') == {'a': 2, 'b': 1}"),
+    ("from collections import defaultdict\ndef group(xs):\n    d = defaultdict(list)\n    for x in xs:\n"
+     "        d[x % 2].append(x)\n    return d", "assert group([1, 2, 3]) == {1: [1, 3], 0: [2]}"),
+    ("from collections import OrderedDict\ndef ordered(xs):\n    return OrderedDict((x, i) for i, x in enumerate(xs))",
+     "assert ordered('ba') == {'b': 0, 'a': 1} and list(ordered('ba')) == ['b', 'a']"),
+    ("from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\ndef mid(a, b):\n"
+     "    return Point((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)", "assert mid((0, 0), (2, 4)) == (1.0, 2.0)"),
 ]
 
 

@@ -1,6 +1,8 @@
 """The judge's wire format and handles (rlvr/rewards/sandbox_rpc.py), without a sandbox: pure functions only."""
 
 import ast
+import collections
+import enum
 import math
 
 import pytest
@@ -36,6 +38,63 @@ def test_anything_not_exactly_plain_becomes_a_ref():
     refs = []
     enc = encode([I(3), L([1]), True, object()], lambda o: refs.append(o) or len(refs) - 1)
     assert enc == [{"ref": 0}, {"ref": 1}, True, {"ref": 2}] and type(refs[0]) is I
+
+
+class _Liar(int):
+    """An int subclass whose own methods lie: the copy must come from int's code, not these."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+    def __int__(self):
+        return 99
+
+    __index__ = __int__
+
+
+class _LyingStr(str):
+    def __str__(self):
+        return "lie"
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+class _LyingList(list):
+    def __iter__(self):
+        return iter([99])
+
+
+class _Color(enum.IntEnum):
+    RED = 3
+
+
+SUBCLASSED = [
+    (collections.Counter("aab"), {"a": 2, "b": 1}), (collections.defaultdict(list, {1: [2]}), {1: [2]}),
+    (collections.OrderedDict([(2, "b"), (1, "a")]), {2: "b", 1: "a"}),
+    (collections.namedtuple("P", "x y")(1, 2), (1, 2)), (collections.deque([1, 2]), [1, 2]), (_Color.RED, 3),
+    (_Liar(5), 5), (_LyingStr("ab"), "ab"), (_LyingList([1, 2]), [1, 2]), (type("F", (float,), {})(1.5), 1.5),
+    (type("B", (bytes,), {})(b"\x01"), b"\x01"), ([_Liar(1), {_LyingStr("k"): (_Color.RED,)}], [1, {"k": (3,)}]),
+]
+
+
+@pytest.mark.parametrize("value,plain", SUBCLASSED, ids=[type(v).__name__ for v, _ in SUBCLASSED])
+def test_child_sends_subclasses_of_plain_types_as_plain_copies(value, plain):
+    back = decode(encode(value, _no_refs, subclasses=True), _no_refs)
+    assert back == plain and type(back) is type(plain)
+    assert _exact_types(back)
+
+
+def _exact_types(x):
+    if type(x) in (list, tuple, set, frozenset):
+        return all(map(_exact_types, x))
+    if type(x) is dict:
+        return all(_exact_types(k) and _exact_types(v) for k, v in x.items())
+    return type(x) in (type(None), bool, int, float, str, bytes, complex)
 
 
 @pytest.mark.parametrize("bad", [{"tuple": [1], "set": [1]}, {"eval": "1"}, {"int": 5}, {"float": "1e9"},
