@@ -62,7 +62,8 @@ def test_evaluate_with_real_engine_matches_rescoring(tiny_model: Path) -> None:
     assert len(rows) == 9 and [r["sample_index"] for r in rows[:3]] == [0, 1, 2]
     for row, req in zip(rows[::3], requests):
         assert row["prompt_id"] == req.prompt_id and row["prompt"] == req.prompt_text
-        again = scorer.score(row["completion"], req.metadata)
+        # rlvr eval scores with the engine's finish reason (the copy reward counts the stop), so rescoring does too
+        again = scorer.score(row["completion"], {**req.metadata, "finish_reason": row["finish_reason"]})
         assert again.scores == row["scores"] and again.correct == row["correct"]
     assert summary["pass@1"] == pytest.approx(sum(bool(r["correct"]) for r in rows) / 9)
 
