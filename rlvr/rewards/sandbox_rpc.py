@@ -15,10 +15,13 @@ Invariants (why a wrong program cannot pass):
   as its plain copy, read through the base type's code: overridden __eq__ or __hash__ never reach the judge.
 - The verdict is whether the trusted test code raised; it is computed in the judge with its own builtins.
   The program never holds the tests, the verdict pipe, or a way into the judge's or the launcher's memory.
-- Program names that shadow a builtin are not imported into the test namespace (a program `abs` or `len`
-  cannot change what the test computes). A name the test uses as `name.attr` (never calls) that is a
-  standard-library module's name, or that the program bound to such a module, is the judge's own import of
-  that module (a fake `math.isclose` cannot answer; a program function named `copy` stays the program's).
+- Names resolve as in plain Python (the program's, else the builtin), with two exceptions. A program name that
+  is a builtin's stands for the program only in a test whose other free program names are builtins' too (the
+  task's function is `pow`): next to the function it checks (`add`), a test's `abs`, `len` or `sorted` is the
+  real one, so a program `abs` cannot change what the test computes. A name the test uses as `name.attr`
+  (never calls) that is a standard-library module's name is the judge's own import of that module, whatever
+  the program bound to it (a fake `math.isclose` cannot answer; a program function named `copy` stays the
+  program's); which module is decided by the name alone, never by the child.
 - Whatever the child sends (garbage, nothing, an early exit, a lie) can only make a call fail or return a
   value the program could have returned itself.
 """
@@ -289,19 +292,22 @@ def _trusted_module(name: str) -> types.ModuleType | None:
 
 
 class _TestNamespace(dict):
-    """Globals of one test: program values are fetched on first use, builtins are never shadowed."""
+    """Globals of one test: program values are fetched on first use; names resolve as in plain Python, except
+    that a builtin's name stands for the program's object only when the test is about it (`_builtin_names`)."""
 
-    def __init__(self, channel: Channel, names: dict, module_like: set[str]) -> None:
+    def __init__(self, channel: Channel, names: dict, module_like: set[str], free: set[str]) -> None:
         super().__init__(__builtins__=builtins, __name__="__main__")
         self.channel, self.lazy = channel, {}
+        names = {k: v for k, v in names.items() if type(k) is str and not k.startswith("__") and type(v) is dict}
+        trusted_modules = module_like & set(sys.stdlib_module_names)
+        own_builtins = _builtin_names(set(names), free, trusted_modules)
         for name, desc in names.items():
-            if type(name) is not str or name.startswith("__") or hasattr(builtins, name) or type(desc) is not dict:
+            if hasattr(builtins, name) and name not in own_builtins:
                 continue
-            module = desc.get("module") if type(desc.get("module")) is str else None
-            stdlib = name if name in sys.stdlib_module_names else module
-            if name in module_like and stdlib in sys.stdlib_module_names:
-                # `math` is the real math whatever the program bound to that name (a fake isclose passes nothing)
-                trusted = _trusted_module(stdlib)
+            if name in trusted_modules:
+                # `math` is the real math whatever the program bound to that name (a fake isclose passes nothing);
+                # which module is decided by the name alone, never by what the child says
+                trusted = _trusted_module(name)
                 if trusted is not None:
                     self[name] = trusted
             elif desc.get("plain") is True and type(desc.get("ref")) is int:
@@ -317,11 +323,44 @@ class _TestNamespace(dict):
         return value
 
 
+def _builtin_names(program: set[str], free: set[str], trusted_modules: set[str]) -> set[str]:
+    """The builtin-named program names the test gets as the program's objects.
+
+    A test refers to the function it checks, so when none of its free names that the program defines is
+    anything but a builtin's name (`assert pow(2, 3) == 8` against a program `pow`), those names are the
+    program's: the builtin would pass any program. When the test also uses another program name (`add`), the
+    builtins it uses are helpers (`abs(add(a, b) - c) < 1e-9`) and stay the real ones, so a program `abs`
+    that returns 0 cannot pass it.
+    """
+    used = free & program
+    subjects = {n for n in used if not hasattr(builtins, n) and n not in trusted_modules}
+    return set() if subjects else {n for n in used if hasattr(builtins, n)}
+
+
 def _module_like(tree: ast.AST) -> set[str]:
     """Names the test uses as `name.attr` and never calls as `name(...)`: modules, when stdlib names."""
     bases = {n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
     called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     return bases - called
+
+
+def _free_names(tree: ast.AST) -> set[str]:
+    """Names the test reads and never binds anywhere (assignment, def, class, argument, import, except, match)."""
+    read, bound = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            (read if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, ast.alias):
+            bound.add((n.asname or n.name).split(".")[0])
+        elif isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            bound.add(n.rest)
+    return read - bound
 
 
 def run_assert_test(test: str, channel: Channel) -> bool:
@@ -331,7 +370,8 @@ def run_assert_test(test: str, channel: Channel) -> bool:
         if type(hello.get("globals")) is not dict:
             return False
         code = compile(test, "test.py", "exec", ast.PyCF_ONLY_AST)
-        exec(compile(code, "test.py", "exec"), _TestNamespace(channel, hello["globals"], _module_like(code)))
+        namespace = _TestNamespace(channel, hello["globals"], _module_like(code), _free_names(code))
+        exec(compile(code, "test.py", "exec"), namespace)
     except Exception:  # trust boundary: any failure of the test, the program or the channel is a failed test
         return False
     return True
@@ -372,8 +412,6 @@ def _child(argv: list[str]) -> None:
     names = {}
     for name, value in list(module.__dict__.items()):
         names[name] = {"ref": ref(value), "plain": issubclass(type(value), (*_PLAIN_TYPES, collections.deque))}
-        if isinstance(value, types.ModuleType):
-            names[name]["module"] = value.__name__
     send({"globals": names})
     for line in requests:
         req = json.loads(line)

@@ -226,6 +226,26 @@ def test_honest_shapes_pass(program, test):
     assert get_reward("code_binary").fn(fenced(program), {"tests": [test]}) == 1.0
 
 
+BUILTIN_NAMED = [
+    # (program, tests, code): the task's function has a builtin's name; the test must check the program's
+    ("def pow(a, b):\n    return 0", ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9"], 0.0),
+    ("def pow(a, b):\n    return a * b", ["assert pow(2, 3) == 8", "assert pow(2, 2) == 4"], 0.5),
+    ("def pow(a, b):\n    r = 1\n    for _ in range(b):\n        r *= a\n    return r",
+     ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9"], 1.0),
+    ("def max(xs):\n    return xs[0]", ["assert max([1, 3, 2]) == 3"], 0.0),
+    ("def sorted(xs):\n    return list(xs)", ["def check(candidate):\n    assert candidate([2, 1]) == [1, 2]\n"
+                                                 "check(sorted)"], 0.0),
+    # a program `abs` beside the tested `add` does not reach the test's `abs`
+    ("def add(a, b):\n    return 0\ndef abs(x):\n    return 0", ["assert abs(add(1, 2) - 3) < 1e-9"], 0.0),
+]
+
+
+@needs_isolation
+@pytest.mark.parametrize("program,tests,frac", BUILTIN_NAMED, ids=[str(i) for i in range(len(BUILTIN_NAMED))])
+def test_builtin_named_task_function_is_tested(program, tests, frac):
+    assert get_reward("code").fn(fenced(program), {"tests": tests}) == pytest.approx(frac)
+
+
 def test_remote_executor_failure_scores_zero():
     executor = RemoteExecutor("http://127.0.0.1:9/none", timeout_s=1)  # discard port: nothing listens
     assert executor.run("x", ["assert True", "assert True"]) == [False, False]

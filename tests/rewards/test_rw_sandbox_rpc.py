@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rlvr.rewards.sandbox_rpc import Remote, RemoteError, _module_like, decode, encode
+from rlvr.rewards.sandbox_rpc import Channel, Remote, RemoteError, _free_names, _module_like, _TestNamespace, decode, encode
 
 
 def _no_refs(obj):
@@ -127,3 +127,37 @@ def test_remote_handles_refuse_comparisons_and_membership():
 def test_module_like_names_are_attribute_bases_never_called():
     tree = ast.parse("assert math.isclose(f(x), 1)\nassert copy(y) == copy.z\nimport os\nos.getcwd()")
     assert _module_like(tree) == {"math", "os"}
+
+
+def _namespace(test: str, names: dict) -> _TestNamespace:
+    tree = ast.parse(test)
+    return _TestNamespace(Channel(-1, -1, deadline=0.0), names, _module_like(tree), _free_names(tree))
+
+
+def test_free_names_leave_out_what_the_test_binds():
+    tree = ast.parse("def check(candidate):\n    assert candidate(2) == f(2)\nimport math as m\nx = 1\n"
+                     "for i in range(x):\n    check(pow)\ntry:\n    g()\nexcept ValueError as e:\n    print(e, m)")
+    assert _free_names(tree) == {"f", "range", "pow", "g", "ValueError", "print"}
+
+
+def test_a_builtin_named_task_function_is_the_programs():
+    ns = _namespace("assert pow(2, 3) == 8", {"pow": {"ref": 0}})
+    assert type(ns["pow"]) is Remote  # not the builtin, which would pass any program
+    ns = _namespace("def check(candidate):\n    assert candidate(2, 3) == 8\ncheck(pow)", {"pow": {"ref": 0}})
+    assert type(ns["pow"]) is Remote
+
+
+def test_builtins_beside_the_tested_function_stay_real():
+    names = {"abs": {"ref": 0}, "add": {"ref": 1}, "sorted": {"ref": 2}}
+    ns = _namespace("assert abs(add(1, 2) - 3) < 1e-9 and sorted([add(0, 1)]) == [1]", names)
+    assert "abs" not in ns and "sorted" not in ns and type(ns["add"]) is Remote
+    # a name the test binds itself is no subject: the program cannot make `pow` a helper by defining `x`
+    ns = _namespace("x = pow(2, 3)\nassert x == 8", {"pow": {"ref": 0}, "x": {"ref": 1}})
+    assert type(ns["pow"]) is Remote
+
+
+def test_the_program_cannot_choose_the_module():
+    ns = _namespace("assert m.isclose(f(), 1)", {"m": {"ref": 0, "module": "math"}, "f": {"ref": 1}})
+    assert type(ns["m"]) is Remote  # not a stdlib name: the program's object, not a module it names
+    ns = _namespace("assert math.isclose(f(), 1)", {"math": {"ref": 0, "module": "os"}, "f": {"ref": 1}})
+    assert ns["math"] is math
