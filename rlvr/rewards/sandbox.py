@@ -11,7 +11,8 @@ pass a test.
 and the memory cap in force):
 - "namespaces" (root and `unshare` works): the launcher (sandbox_launcher.py) runs in new pid, net, mount,
   ipc and uts namespaces and pivots into a minimal read-only root with private tmpfs /tmp and /dev/shm;
-  untrusted code runs as a fresh per-sample uid with no capabilities, no_new_privs and rlimits.
+  untrusted code runs as a per-sample uid (its judges as the next one; sandbox_uids.py reserves the pair so no
+  other live sample on the host shares it) with no capabilities, no_new_privs and rlimits.
 - "userns" (not root, unprivileged user namespaces allowed): the same inside a user namespace; the code runs
   as the namespace's uid 0 (our uid outside) with every capability dropped, the bounding set emptied and
   SECBIT_NOROOT locked, so it cannot unmount, remount or ptrace anything.
@@ -36,7 +37,6 @@ import functools
 import json
 import logging
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -47,12 +47,13 @@ from typing import Any, Protocol
 
 from rlvr.rewards.sandbox_cgroup import SampleCgroup, memory_cap
 from rlvr.rewards.sandbox_confine import landlock_abi
+from rlvr.rewards.sandbox_uids import UidPool
 
 _log = logging.getLogger(__name__)
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 _NS_FLAGS = ["--pid", "--net", "--mount", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc"]
 _LAUNCHER_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8"}
-_SAMPLE_UIDS = (1 << 20, 1 << 24)  # per-sample uids for root modes: unused by real accounts, never reused at once
+_UID_POOL = UidPool()  # per-sample uid pairs for the root modes, never held by two live samples of this host
 
 
 @dataclass(frozen=True)
@@ -150,30 +151,32 @@ class LocalSandboxExecutor:
 
     def _run(self, program: str, tests: list[Any], return_outputs: bool) -> tuple[list[bool], list[str]]:
         namespaced = self.level in ("namespaces", "userns")
-        # a fresh uid per sample (root): its processes, rlimits and files are its own, and kill(-1) as it is exact
-        drop_uid = _SAMPLE_UIDS[0] + secrets.randbelow(_SAMPLE_UIDS[1]) if os.geteuid() == 0 else None
-        scratch_parent = cgroup = None
+        # a uid pair per sample (root; only our own uid is mapped in a user namespace): its processes, rlimits and
+        # files are its own, and kill(-1) as it is exact, because no other live sample on the host holds it
+        reserve = os.geteuid() == 0 and self.level != "userns"
+        scratch_parent = cgroup = uids = proc = None
         prefix: list[str] = []
-        if namespaced:
-            workdir, prefix = "/tmp/work", _ns_prefix(self.level)
-            if self.level == "userns":
-                drop_uid = None  # only our own uid is mapped in the user namespace
-        else:
-            scratch_parent = tempfile.mkdtemp(prefix="rlvr-sandbox-")
-            os.chmod(scratch_parent, 0o711)  # the sample uid may enter its workdir but not list the parent
-            workdir = os.path.join(scratch_parent, "work")
-            os.mkdir(workdir, 0o700)
-        limits = {**asdict(self.limits), "num_processes": self.num_processes(),
-                  "num_shared_processes": self.num_shared_processes()}
-        proc = None
+        finished = False
         try:
+            uids = _UID_POOL.reserve() if reserve else None
+            drop_uid = uids.program if uids is not None else None
+            if namespaced:
+                workdir, prefix = "/tmp/work", _ns_prefix(self.level)
+            else:
+                scratch_parent = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+                os.chmod(scratch_parent, 0o711)  # the sample uid may enter its workdir but not list the parent
+                workdir = os.path.join(scratch_parent, "work")
+                os.mkdir(workdir, 0o700)
+            limits = {**asdict(self.limits), "num_processes": self.num_processes(),
+                      "num_shared_processes": self.num_shared_processes()}
             cgroup = SampleCgroup.create(self.memory_cap, self.limits) if self.memory_cap != "rlimits" else None
             job = {"program": program, "tests": tests, "limits": limits, "python": self.python, "workdir": workdir,
-                   "drop_uid": drop_uid, "namespaced": namespaced,
+                   "drop_uid": drop_uid, "namespaced": namespaced,  # the launcher gives its judges drop_uid + 1
                    "cgroup_procs": cgroup.procs_files if cgroup else [], "return_outputs": return_outputs}
             proc = subprocess.run([*prefix, os.path.realpath(sys.executable), "-I", "-S", _LAUNCHER],
                                   input=json.dumps(job).encode(), capture_output=True, env=_LAUNCHER_ENV,
                                   timeout=self._deadline(tests))
+            finished = True  # the launcher exited: in a pid namespace, everything in it is gone too
             result = json.loads(proc.stdout)
             passed = result["passed"]
             outputs = [str(o) for o in result.get("outputs", [])]
@@ -191,8 +194,11 @@ class LocalSandboxExecutor:
         finally:
             if cgroup is not None:
                 cgroup.close()
-            if not namespaced and drop_uid is not None:
-                _kill_uid(drop_uid)  # anything of the sample that outlived a launcher killed on timeout
+            if uids is not None and (not namespaced or not finished):
+                for uid in (uids.program, uids.judge):  # what outlived a launcher killed on timeout, before reuse
+                    _kill_uid(uid)
+            if uids is not None:
+                uids.release()
             if scratch_parent is not None:
                 subprocess.run(["rm", "-rf", "--one-file-system", scratch_parent], capture_output=True, timeout=60)
 
