@@ -142,8 +142,8 @@ def test_catalogue_as_unprivileged_user_in_user_namespace():
     assert result["honest_passed"] is True
 
 
-THREADS = ("import threading\ndef started():\n    stop, n = threading.Event(), 0\n    try:\n        for _ in range(3):\n"
-           "            threading.Thread(target=stop.wait).start()\n            n += 1\n    except RuntimeError:\n"
+THREADS = ("import threading\ndef started():\n    stop, n = threading.Event(), 0\n    try:\n"
+           "        for _ in range(3):\n            threading.Thread(target=stop.wait).start()\n            n += 1\n    except RuntimeError:\n"
            "        pass\n    stop.set()\n    return n\n")
 SUBPROCESS = ("import subprocess, sys\ndef child():\n    out = subprocess.run([sys.executable, '-c', 'print(7)'], "
               "capture_output=True)\n    return out.stdout.decode().strip()\n")
@@ -167,7 +167,8 @@ def test_honest_threads_and_subprocess_in_user_namespace():
     python = _nobody_or_skip()
     proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-c",
                            NOBODY_RUN, str(ROOT), json.dumps(THREADS), json.dumps(SUBPROCESS)],
-                          capture_output=True, timeout=300, cwd="/", env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+                          capture_output=True, timeout=300, cwd="/",
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     described = result["describe"]

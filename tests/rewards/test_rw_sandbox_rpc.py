@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from rlvr.rewards.sandbox_rpc import Channel, Remote, RemoteError, _free_names, _module_like, _TestNamespace, decode, encode
+from rlvr.rewards.sandbox_rpc import (Channel, Remote, RemoteError, _free_names, _module_like, _TestNamespace, decode,
+                                      encode)
 
 
 def _no_refs(obj):
