@@ -195,18 +195,30 @@ class LocalSandboxExecutor:
             if cgroup is not None:
                 cgroup.close()
             if uids is not None and (not namespaced or not finished):
-                for uid in (uids.program, uids.judge):  # what outlived a launcher killed on timeout, before reuse
-                    _kill_uid(uid)
+                _kill_uids(uids.program, uids.judge)  # what outlived a launcher killed on timeout, before reuse
             if uids is not None:
                 uids.release()
             if scratch_parent is not None:
                 subprocess.run(["rm", "-rf", "--one-file-system", scratch_parent], capture_output=True, timeout=60)
 
 
-def _kill_uid(uid: int) -> None:
-    code = f"import os, signal\nos.setresuid({uid}, {uid}, {uid})\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass"
-    subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", code], capture_output=True, timeout=30,
-                   env=_LAUNCHER_ENV)
+_KILL_UIDS = """import os, signal, sys
+for uid in map(int, sys.argv[1:]):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def _kill_uids(*uids: int) -> None:
+    """SIGKILL every process of each uid (kill(-1) as that uid), in one helper process."""
+    subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", _KILL_UIDS, *map(str, uids)],
+                   capture_output=True, timeout=30, env=_LAUNCHER_ENV)
 
 
 class RemoteExecutor:
