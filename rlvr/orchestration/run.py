@@ -31,8 +31,8 @@ from typing import Any
 from rlvr.config import ExperimentConfig, check_resources, to_yaml
 from rlvr.orchestration.checkpoint import RunDir
 from rlvr.orchestration.health import EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe
-from rlvr.orchestration.run_dirs import (RunLock, check_compatible, created_dirs, read_run_state, select_run_dir,
-                                         write_run_state)
+from rlvr.orchestration.run_dirs import (RunLock, check_compatible, create_run_dir, read_run_state, remove_created,
+                                         select_run_dir, write_run_state)
 from rlvr.telemetry.logs import get_logger, setup_logging
 
 logger = get_logger(__name__)
@@ -316,6 +316,8 @@ class Prepared:
     lock: RunLock | None = None
     created: bool = False
     """This start created the run directory (it is removed again if the start fails before any step)."""
+    created_parents: list = field(default_factory=list)
+    """Parent directories this start created, deepest first (removed after a failed start only when empty)."""
 
     @property
     def pad_token_id(self) -> int:
@@ -325,25 +327,27 @@ class Prepared:
 
 def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None) -> Prepared:
     """Run dir (chosen, checkpoint usable, model compatible, writable, disk space), config.yaml, model directory,
-    tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed, and a run
-    directory created here is removed. `run_dir` and `resume` are given when a run restarts."""
+    tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed, and only what
+    this start created is removed: its own run directory, and parents it made while they are empty (another
+    command may have created its run in them meanwhile). `run_dir` and `resume` are given when a run restarts."""
+    new_name = run_dir is None and not cfg.logging.run_name  # a generated name: must be a new directory
     run_dir = run_dir or select_run_dir(cfg)
+    new_name = new_name and not run_dir.root.exists()
     if run_dir.root.is_dir():  # an rlvr run: what resume finds is logged with the run's events
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
     ckpt = run_dir.find_resume(resume or cfg.checkpoint.resume)
     if ckpt is not None:
         check_compatible(cfg, ckpt)
-    created = created_dirs(run_dir.root)
+    try:
+        run_dir, created, parents = create_run_dir(run_dir, new_name)
+    except OSError as e:
+        raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: cannot create {run_dir.root} "
+                         f"({e.strerror or e})") from e
     lock: RunLock | None = None
     try:
-        try:
-            run_dir.create()
-        except OSError as e:
-            raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: cannot create {run_dir.root} "
-                             f"({e.strerror or e})") from e
         lock = RunLock(run_dir.root)
         if not lock.acquire():
-            lock = None
+            lock, created = None, False  # another driver holds it: its directory now, whoever made it
             raise ValueError(f"run directory {run_dir.root} is in use by another rlvr process")
         _check_output_dir(cfg, run_dir)
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
@@ -370,12 +374,13 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
         stream = PromptStream(cfg, tokenizer, known)  # every row checked here, before Ray starts
         evals = eval_requests(cfg, tokenizer, known) if (cfg.eval.every_n_steps or cfg.eval.at_step_0) else []
     except BaseException:
+        # a failed start leaves no stub run directory behind; removed while still locked, so no other driver
+        # can have entered it
+        remove_created(run_dir.root if created else None, parents)
         if lock is not None:
             lock.release()
-        if created is not None:  # a failed start leaves no stub run directory behind
-            shutil.rmtree(created, ignore_errors=True)
         raise
-    return Prepared(run_dir, model_dir, tokenizer, stream, evals, lock, created is not None)
+    return Prepared(run_dir, model_dir, tokenizer, stream, evals, lock, created, parents)
 
 
 def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume: str | None = None) -> Any:
@@ -474,7 +479,7 @@ def _remove_if_stub(prep: Prepared) -> None:
     metrics = prep.run_dir.path("metrics.jsonl")
     if prep.created and not prep.run_dir.complete_checkpoints() and not (metrics.is_file() and metrics.stat().st_size):
         logger.warning("removing %s: the run failed before its first step", prep.run_dir.root)
-        shutil.rmtree(prep.run_dir.root, ignore_errors=True)
+        remove_created(prep.run_dir.root, prep.created_parents)
 
 
 def _wandb(cfg: ExperimentConfig, run_dir: RunDir) -> Any:

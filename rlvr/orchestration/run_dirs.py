@@ -13,10 +13,13 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -183,10 +186,62 @@ def check_compatible(cfg: ExperimentConfig, ckpt: Path) -> None:
                               f"{FRESH_START_HINT}.")
 
 
-def created_dirs(root: Path) -> Path | None:
-    """The topmost directory that creating `root` would make (None when it exists)."""
-    top = None
-    p = root
-    while not p.exists():
-        top, p = p, p.parent
-    return top
+_GENERATED_NAME = re.compile(r"^(rlvr-\d{8}-\d{6})(?:-(\d+))?$")
+
+
+def _next_name(root: Path) -> Path:
+    """`rlvr-<time>` -> `rlvr-<time>-2` -> `rlvr-<time>-3` ...; any other name gets `-2` appended first."""
+    m = _GENERATED_NAME.match(root.name)
+    base, n = (m.group(1), int(m.group(2) or 1)) if m else (root.name, 1)
+    return root.parent / f"{base}-{n + 1}"
+
+
+def create_run_dir(run_dir: RunDir, new_name: bool) -> tuple[RunDir, bool, list[Path]]:
+    """Create the run directory and its missing parents. Returns (the run directory, whether this call created
+    it, the parent directories this call created, deepest first): a failed start removes only those.
+
+    With `new_name` (a name generated for a new run) the directory must be new: when another process made it
+    first (two commands started in the same second), the next free `-<n>` suffix is taken, so each gets its own
+    run. Otherwise an existing directory is used as it is and its lock decides who may use it."""
+    parents: list[Path] = []
+    missing, p = [], run_dir.root.parent
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    root, created = run_dir.root, False
+    try:
+        for p in reversed(missing):
+            try:
+                p.mkdir()
+            except FileExistsError:  # made by another process meanwhile: not ours to remove
+                continue
+            parents.insert(0, p)
+        for _ in range(1000):
+            try:
+                root.mkdir()
+                created = True
+                break
+            except FileExistsError:
+                if not new_name:
+                    break
+                root = _next_name(root)
+        else:
+            raise FileExistsError(errno.EEXIST, "no free run name after 1000 tries", str(root))
+        run = RunDir(root)
+        run.create()
+    except OSError:
+        remove_created(root if created else None, parents)
+        raise
+    return run, created, parents
+
+
+def remove_created(root: Path | None, parents: list[Path]) -> None:
+    """Undo `create_run_dir` after a failed start: the run directory this process created (and still owns) with
+    its contents, then each parent it created only if empty (another run may have been created in it since)."""
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+    for p in parents:
+        try:
+            p.rmdir()
+        except OSError:  # not empty (another process's run is in it) or already gone: left alone
+            break

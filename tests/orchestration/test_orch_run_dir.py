@@ -100,3 +100,85 @@ def test_fingerprint_ignores_logging_and_resume_only():
                       "checkpoint": {"resume": "never"}}, base=base)
     assert config_fingerprint(same) == config_fingerprint(base)
     assert config_fingerprint(from_dict({"learner": {"lr": 1e-2}}, base=base)) != config_fingerprint(base)
+
+
+# ------------------------------------------------------------------ a failed start removes only what it owns
+def _cfg(out: Path, **sections):
+    return from_dict({"checkpoint": {"output_dir": str(out)}, "data": {"datasets": ["builtin:copy"]}, **sections},
+                     base=default_config())
+
+
+def _other_run(root: Path) -> RunLock:
+    """Another `rlvr train`'s live run at `root`: an rlvr run directory whose lock that driver holds."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.yaml").write_text("theirs\n")
+    lock = RunLock(root)
+    assert lock.acquire()
+    return lock
+
+
+def test_failed_start_keeps_a_run_created_meanwhile_in_the_output_dir_it_made(tmp_path, monkeypatch):
+    """--checkpoint.output-dir did not exist: this start made it; a second command made its run in it; this
+    start then fails. Only this start's run directory goes; the output dir and the other run stay."""
+    from rlvr.orchestration import run
+
+    out = tmp_path / "new" / "runs"
+    locks = []
+
+    def fail_after_other_run_appears(cfg, run_dir):
+        locks.append(_other_run(out / "theirs"))
+        raise ValueError("disk full (simulated)")
+
+    monkeypatch.setattr(run, "_check_output_dir", fail_after_other_run_appears)
+    try:
+        with pytest.raises(ValueError, match="simulated"):
+            run.prepare(_cfg(out))
+        assert sorted(p.name for p in out.iterdir()) == ["theirs"]
+        assert (out / "theirs" / "config.yaml").read_text() == "theirs\n"
+    finally:
+        for lock in locks:
+            lock.release()
+    monkeypatch.setattr(run, "_check_output_dir", lambda cfg, run_dir: (_ for _ in ()).throw(ValueError("x")))
+    out2 = tmp_path / "fresh" / "runs"
+    with pytest.raises(ValueError):
+        run.prepare(_cfg(out2))
+    assert not (tmp_path / "fresh").exists()  # what it made and nobody else used is removed, parents too
+
+
+def test_same_second_starts_get_separate_runs_and_a_failure_keeps_the_winners(tmp_path, monkeypatch):
+    """Two commands pick the same `rlvr-<time>` name; the other one creates it first, just before this one
+    does: this one takes `<name>-2`, and when its start fails the other's run is untouched."""
+    from rlvr.orchestration import run
+
+    out = tmp_path / "runs"
+    out.mkdir()
+    real_mkdir, locks = Path.mkdir, []
+
+    def mkdir_after_the_winner(self, *args, **kwargs):
+        if not locks and self.parent == out:  # the first directory made in `out`: the other command is faster
+            locks.append(None)  # fired (and _other_run's own mkdir does not fire again)
+            locks.append(_other_run(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_after_the_winner)
+    cfg = _cfg(out, checkpoint={"output_dir": str(out), "min_free_gb": 1e12})  # fails after the lock is taken
+    try:
+        with pytest.raises(ValueError, match="min-free-gb"):
+            run.prepare(cfg)
+        (winner,) = [p for p in out.iterdir()]
+        assert winner.name.startswith("rlvr-") and (winner / "config.yaml").read_text() == "theirs\n"
+    finally:
+        for lock in filter(None, locks):
+            lock.release()
+
+
+def test_generated_run_name_takes_the_next_free_suffix(tmp_path):
+    from rlvr.orchestration.checkpoint import RunDir
+    from rlvr.orchestration.run_dirs import create_run_dir
+
+    (tmp_path / "rlvr-20260101-000000").mkdir()
+    (tmp_path / "rlvr-20260101-000000-2").mkdir()
+    run, created, parents = create_run_dir(RunDir(tmp_path / "rlvr-20260101-000000"), new_name=True)
+    assert run.root.name == "rlvr-20260101-000000-3" and created and parents == [] and run.ckpts.is_dir()
+    named, created, _ = create_run_dir(RunDir(tmp_path / "rlvr-20260101-000000"), new_name=False)
+    assert named.root.name == "rlvr-20260101-000000" and not created  # a named run is used as it is
