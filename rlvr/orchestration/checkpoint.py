@@ -14,8 +14,9 @@ optimizer-state records), which the learners allow when they load.
 
 Resume: `auto` takes the newest checkpoint whose manifest verifies and falls back to older ones with a warning;
 when checkpoints exist but none verifies it stops with an error naming them (never a silent fresh start that
-would overwrite the run). Pruning keeps the newest `keep_last` VERIFIED checkpoints: an unverified one is never
-counted as kept, so the last good checkpoint is never deleted in favour of a corrupt one.
+would overwrite the run). Pruning keeps the newest `keep_last` good checkpoints: one that failed verification is
+never counted as kept, one this process never checked counts when its manifest's files exist with their sizes
+(not re-hashed: see `_prune`), and the newest checkpoint this process wrote or verified is never deleted.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def write_manifest(ckpt: Path, step: int) -> None:
     os.replace(tmp, ckpt / MANIFEST)
 
 
-def verify_manifest(ckpt: Path) -> str | None:
-    """None when complete and intact, else the reason it is not."""
+def verify_manifest(ckpt: Path, checksums: bool = True) -> str | None:
+    """None when complete and intact, else the reason it is not. `checksums=False` checks only that the manifest
+    parses and every file it lists exists with its listed size (no file is read: cheap on multi-GB checkpoints)."""
     m = ckpt / MANIFEST
     if not m.is_file():
         return "no MANIFEST.json (incomplete write)"
@@ -81,7 +83,7 @@ def verify_manifest(ckpt: Path) -> str | None:
             return f"missing file {rel}"
         if not isinstance(info, dict) or p.stat().st_size != info.get("size"):
             return f"size mismatch for {rel}"
-        if _sha256(p) != info.get("sha256"):
+        if checksums and _sha256(p) != info.get("sha256"):
             return f"checksum mismatch for {rel}"
     return None
 
@@ -141,7 +143,9 @@ class RunDir:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.ckpts = self.root / "checkpoints"
-        self._verified: dict[str, bool] = {}  # checkpoint name -> manifest verified (once per process)
+        # checkpoint name -> its manifest verified with checksums (True: written by this process or verified,
+        # False: failed verification), each checked at most once per process
+        self._verified: dict[str, bool] = {}
 
     def create(self) -> None:
         self.ckpts.mkdir(parents=True, exist_ok=True)
@@ -191,17 +195,26 @@ class RunDir:
         return reason
 
     def _prune(self, keep_last: int) -> None:
-        """Keep the newest `keep_last` verified checkpoints and any unverified ones newer than the oldest of them;
-        delete everything older. With fewer verified checkpoints than that, delete nothing."""
+        """Keep the newest `keep_last` good checkpoints and any others newer than the oldest of them; delete
+        everything older. With fewer good checkpoints than that, delete nothing.
+
+        Good: written or verified (checksums) by this process, or, for one this process never checked (older
+        ones after a resume), a manifest whose files all exist with their listed sizes: hashing every kept
+        multi-GB checkpoint would stall the driver for minutes. One that failed verification never counts. The
+        newest checkpoint this process wrote or verified is never deleted, so the last one known to verify
+        survives whatever the cheap check missed."""
         for p in [*self.ckpts.glob(".tmp_step_*"), *self.ckpts.glob(".old_step_*")]:
             shutil.rmtree(p, ignore_errors=True)
         ckpts = self.complete_checkpoints()
+        trusted = [i for i, p in enumerate(ckpts) if self._verified.get(p.name)]
+        keep_from = trusted[-1] if trusted else len(ckpts)  # the newest known-good one and all newer stay
         kept = 0
         for i in range(len(ckpts) - 1, -1, -1):
-            if self.verified(ckpts[i]) is None:
+            known = self._verified.get(ckpts[i].name)
+            if known or (known is None and verify_manifest(ckpts[i], checksums=False) is None):
                 kept += 1
                 if kept == max(1, keep_last):
-                    for p in ckpts[:i]:
+                    for p in ckpts[:min(i, keep_from)]:
                         shutil.rmtree(p, ignore_errors=True)
                         self._verified.pop(p.name, None)
                     return
@@ -218,6 +231,8 @@ class RunDir:
             if reason:
                 raise CheckpointError(f"--checkpoint.resume {resume}: checkpoint is not usable: {reason}")
             _refuse_unsafe(p)
+            if p.parent.resolve() == self.ckpts.resolve():
+                self._verified[p.name] = True  # pruning trusts it without hashing it again
             return p
         skipped = []
         for p in reversed(self.complete_checkpoints()):

@@ -230,6 +230,47 @@ def test_pruning_never_deletes_the_last_verified_checkpoint(tmp_path):
     assert [p.name for p in resumed.complete_checkpoints()] == ["step_10"]
 
 
+def test_pruning_after_a_resume_does_not_hash_old_checkpoints(tmp_path, monkeypatch):
+    """Hashing every kept multi-GB checkpoint stalled the driver for minutes: after a resume, pruning trusts the
+    checkpoint resume verified and checks the others' manifests by file sizes only."""
+    from rlvr.orchestration import checkpoint
+
+    run = RunDir(tmp_path / "run")
+    run.create()
+    for step in (2, 4, 6):
+        _fake_checkpoint(run, step)
+    (run.ckpts / "step_4" / "model.safetensors").write_bytes(b"short")  # truncated: fails the cheap check
+    resumed = RunDir(tmp_path / "run")
+    assert resumed.find_resume("auto").name == "step_6"
+    hashed: list[Path] = []
+    real = checkpoint._sha256
+    monkeypatch.setattr(checkpoint, "_sha256", lambda p: hashed.append(Path(p)) or real(p))
+    tmp = resumed.tmp_checkpoint(8)
+    (tmp / "x").write_text("8")
+    resumed.commit_checkpoint(tmp, 8, keep_last=3)
+    assert {p.relative_to(run.ckpts).parts[0] for p in hashed} == {".tmp_step_8"}  # only the new one's manifest
+    assert [p.name for p in resumed.complete_checkpoints()] == ["step_2", "step_4", "step_6", "step_8"]
+    tmp = resumed.tmp_checkpoint(10)
+    (tmp / "x").write_text("10")
+    resumed.commit_checkpoint(tmp, 10, keep_last=3)
+    assert [p.name for p in resumed.complete_checkpoints()] == ["step_6", "step_8", "step_10"]
+
+
+def test_pruning_never_deletes_the_newest_checkpoint_this_process_verified(tmp_path):
+    """Newer checkpoints that pass the cheap size check but were never verified (bytes flipped in place) do not
+    push out the newest one this process verified."""
+    run = RunDir(tmp_path / "run")
+    run.create()
+    for step in (2, 4, 6):
+        ckpt = _fake_checkpoint(run, step)
+        if step > 2:
+            _corrupt(ckpt)
+    other = RunDir(tmp_path / "run")
+    assert other.verified(run.ckpts / "step_2") is None  # this process verified only step_2
+    other._prune(keep_last=1)
+    assert [p.name for p in other.complete_checkpoints()] == ["step_2", "step_4", "step_6"]
+
+
 # ------------------------------------------------------------------------------------ through `rlvr train`
 def _train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(tmp_path / "runs"),
