@@ -325,11 +325,14 @@ class Prepared:
         return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
 
 
-def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None) -> Prepared:
+def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None,
+            lock: RunLock | None = None) -> Prepared:
     """Run dir (chosen, checkpoint usable, model compatible, writable, disk space), config.yaml, model directory,
     tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed, and only what
     this start created is removed: its own run directory, and parents it made while they are empty (another
-    command may have created its run in them meanwhile). `run_dir` and `resume` are given when a run restarts."""
+    command may have created its run in them meanwhile). `run_dir`, `resume` and the run's held `lock` are given
+    when a run restarts: the lock is kept throughout (released, another driver of the same command could take
+    the run in the gap), and stays the caller's to release."""
     new_name = run_dir is None and not cfg.logging.run_name  # a generated name: must be a new directory
     run_dir = run_dir or select_run_dir(cfg)
     new_name = new_name and not run_dir.root.exists()
@@ -343,12 +346,13 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
     except OSError as e:
         raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: cannot create {run_dir.root} "
                          f"({e.strerror or e})") from e
-    lock: RunLock | None = None
+    held, lock = lock, None  # `lock`: taken here, released here on failure
     try:
-        lock = RunLock(run_dir.root)
-        if not lock.acquire():
-            lock, created = None, False  # another driver holds it: its directory now, whoever made it
-            raise ValueError(f"run directory {run_dir.root} is in use by another rlvr process")
+        if held is None:
+            lock = RunLock(run_dir.root)
+            if not lock.acquire():
+                lock, created = None, False  # another driver holds it: its directory now, whoever made it
+                raise ValueError(f"run directory {run_dir.root} is in use by another rlvr process")
         _check_output_dir(cfg, run_dir)
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
         run_dir.path("config.yaml").write_text(to_yaml(cfg))
@@ -380,7 +384,7 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
         if lock is not None:
             lock.release()
         raise
-    return Prepared(run_dir, model_dir, tokenizer, stream, evals, lock, created, parents)
+    return Prepared(run_dir, model_dir, tokenizer, stream, evals, held or lock, created, parents)
 
 
 def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume: str | None = None) -> Any:
@@ -460,8 +464,8 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
                 if trainer is not None:
                     trainer.close()
                 shutdown_actors(actors)
-            prep.lock.release()  # a fresh prompt stream; the checkpoint restores its position
-            prep = prepare(cfg, prep.run_dir, resume)
+            # a fresh prompt stream (the checkpoint restores its position); the run stays locked throughout
+            prep = prepare(cfg, prep.run_dir, resume, prep.lock)
     except BaseException:
         _remove_if_stub(prep)
         raise

@@ -182,3 +182,41 @@ def test_generated_run_name_takes_the_next_free_suffix(tmp_path):
     assert run.root.name == "rlvr-20260101-000000-3" and created and parents == [] and run.ckpts.is_dir()
     named, created, _ = create_run_dir(RunDir(tmp_path / "rlvr-20260101-000000"), new_name=False)
     assert named.root.name == "rlvr-20260101-000000" and not created  # a named run is used as it is
+
+
+def test_learner_failure_restart_keeps_the_run_locked(tmp_path, monkeypatch):
+    """A learner failure restarts the run (prepare again): another driver of the same command must not be able
+    to take the run in between. Ray and the actors are stubbed out; prepare is the real one."""
+    from types import SimpleNamespace
+
+    from rlvr.orchestration import run
+    from rlvr.orchestration.health import LearnerFailure
+
+    cfg = _cfg(tmp_path / "runs", cluster={"device": "cpu", "max_restarts": 1})
+    prep = run.prepare(cfg)
+    root, real_prepare, taken = prep.run_dir.root, run.prepare, []
+
+    def prepare_while_another_driver_tries(*args, **kwargs):
+        other = RunLock(root)  # the same command started again, right in the restart's handoff
+        taken.append(other.acquire())
+        other.release()
+        return real_prepare(*args, **kwargs)
+
+    attempts = []
+
+    def build_trainer(cfg, prep, actors, resume=None):
+        attempts.append(resume)
+        if len(attempts) == 1:
+            raise LearnerFailure(0, "died (simulated)")
+        return SimpleNamespace(run=dict, stopped=False, step=cfg.num_steps, close=lambda: None)
+
+    monkeypatch.setattr(run, "prepare", prepare_while_another_driver_tries)
+    monkeypatch.setattr(run, "_start_ray", lambda cfg, signals=None: (False, None))
+    monkeypatch.setattr(run, "create_actors", lambda cfg, model_dir, device: run.Actors())
+    monkeypatch.setattr(run, "shutdown_actors", lambda actors: None)
+    monkeypatch.setattr(run, "build_trainer", build_trainer)
+    assert run._train_prepared(cfg, prep, SimpleNamespace(requested=False)) == 0
+    assert attempts == ["auto", "auto"] and taken == [False]
+    lock = RunLock(root)  # released once the run is over
+    assert lock.acquire()
+    lock.release()
