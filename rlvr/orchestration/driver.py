@@ -25,7 +25,8 @@ from rlvr.config import ExperimentConfig
 from rlvr import faults
 from rlvr.orchestration.accounting import PromptLedger
 from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, describe
-from rlvr.orchestration.checkpoint import CheckpointError, RunDir, read_driver_state, write_driver_state
+from rlvr.orchestration.checkpoint import (FRESH_START_HINT, CheckpointError, RunDir, read_driver_state,
+                                           write_driver_state)
 from rlvr.orchestration.rollouts import RolloutFeeder, engine_get, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
 from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
@@ -367,6 +368,12 @@ class Trainer:
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, ValueError):  # the learner refused the checkpoint's contents
                 raise CheckpointError(f"checkpoint {ckpt}: {e.cause}") from None
+            if isinstance(e.cause, RuntimeError) and "size mismatch" in str(e.cause):
+                # torch's load_state_dict on tensors of other shapes (e.g. another vocabulary): check_compatible
+                # refuses the known cases before start-up; this catches the rest without a traceback
+                raise CheckpointError(f"checkpoint {ckpt}: its weights do not fit the configured model "
+                                      f"({str(e.cause).strip()[:2000]}). Resume with the model settings it was "
+                                      f"trained with, or {FRESH_START_HINT}.") from None
             raise
         self.step = self.saved_step = d["step"]
         self.ledger.load_state_dict(d["ledger"])

@@ -32,7 +32,7 @@ from rlvr.config import ExperimentConfig, check_resources, to_yaml
 from rlvr.orchestration.checkpoint import RunDir
 from rlvr.orchestration.health import EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe
 from rlvr.orchestration.run_dirs import (RunLock, check_compatible, create_run_dir, read_run_state, remove_created,
-                                         select_run_dir, write_run_state)
+                                         select_run_dir, tiny_model_corpus, write_run_state)
 from rlvr.telemetry.logs import get_logger, setup_logging
 
 logger = get_logger(__name__)
@@ -66,13 +66,12 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
         if path.exists() and not os.access(path / "config.json", os.R_OK):
             raise ValueError(f"--model.path {cfg.model.path}: config.json is not readable")
         return cfg.model.path
-    from rlvr.data import build_tiny_model_dir, builtin_corpus
+    from rlvr.data import build_tiny_model_dir
 
-    tasks = [d.split(":", 1)[1] for d in cfg.data.datasets + cfg.eval.datasets if d.startswith("builtin:")]
-    if not tasks:
+    corpus = tiny_model_corpus(cfg)  # the same text check_compatible derives the vocabulary size from
+    if not corpus:
         raise ValueError("--model.path builtin:tiny trains its tokenizer on a built-in task's text: add a "
                          "`builtin:<task>` dataset or give a real model path")
-    corpus = [line for t in dict.fromkeys(tasks) for line in builtin_corpus(t)]
     return str(build_tiny_model_dir(cfg.model, corpus, run_dir.path("builtin_model"), cfg.seed))
 
 

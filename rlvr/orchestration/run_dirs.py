@@ -123,11 +123,14 @@ def _unfinished_run(out: Path, fingerprint: str) -> Path | None:
         return None
     found = []
     for d in out.iterdir():
-        if not (d / "config.yaml").is_file():
-            continue
-        state = read_run_state(d)
-        if state.get("config") == fingerprint and state.get("status") != "finished" and not _in_use(d):
-            found.append((float(state.get("started", 0.0)), d.name, d))
+        try:
+            if not (d / "config.yaml").is_file():
+                continue
+            state = read_run_state(d)
+            if state.get("config") == fingerprint and state.get("status") != "finished" and not _in_use(d):
+                found.append((float(state.get("started", 0.0)), d.name, d))
+        except (OSError, ValueError, TypeError) as e:  # another user's run, a hand-edited run.json: not ours
+            logger.warning("not considering %s for --checkpoint.resume auto: %s", d, e)
     return max(found)[2] if found else None
 
 
@@ -153,13 +156,28 @@ def select_run_dir(cfg: ExperimentConfig) -> RunDir:
     return RunDir(root)
 
 
+def tiny_model_corpus(cfg: ExperimentConfig) -> list[str]:
+    """The text the `builtin:tiny` tokenizer is trained on: the built-in tasks among the train and eval datasets
+    (empty when there is none)."""
+    from rlvr.data import builtin_corpus
+
+    tasks = [d.split(":", 1)[1] for d in cfg.data.datasets + cfg.eval.datasets if d.startswith("builtin:")]
+    return [line for t in dict.fromkeys(tasks) for line in builtin_corpus(t)]
+
+
 def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:
     """Architecture fields the configured model will have, as far as known without building or downloading it."""
     m = cfg.model
     if m.path == "builtin:tiny":
-        return {"model_type": "qwen2", "hidden_size": m.tiny_hidden_size, "num_hidden_layers": m.tiny_num_layers,
-                "num_attention_heads": m.tiny_num_heads, "num_key_value_heads": m.tiny_num_heads,
-                "intermediate_size": 4 * m.tiny_hidden_size}
+        shape = {"model_type": "qwen2", "hidden_size": m.tiny_hidden_size, "num_hidden_layers": m.tiny_num_layers,
+                 "num_attention_heads": m.tiny_num_heads, "num_key_value_heads": m.tiny_num_heads,
+                 "intermediate_size": 4 * m.tiny_hidden_size}
+        corpus = tiny_model_corpus(cfg)
+        if corpus:  # the vocabulary is what the tokenizer learns from the corpus (about a second to train)
+            from rlvr.data.tiny_model import build_tokenizer
+
+            shape["vocab_size"] = len(build_tokenizer(corpus, m.tiny_vocab_size))
+        return shape
     if m.path.startswith("builtin:"):
         from rlvr.data.shaped_models import SHAPES
 

@@ -33,10 +33,10 @@ class Payload:
         return (exec, (f"open({self.marker!r}, 'w').write('pwned')",))
 
 
-def _fake_checkpoint(run: RunDir, step: int, hidden: int = 64) -> Path:
+def _fake_checkpoint(run: RunDir, step: int, hidden: int = 64, model_config: dict | None = None) -> Path:
     """A checkpoint as rlvr writes one (model config, weights-only torch state, driver JSON), committed."""
     tmp = run.tmp_checkpoint(step)
-    (tmp / "config.json").write_text(json.dumps({"model_type": "qwen2", "hidden_size": hidden}))
+    (tmp / "config.json").write_text(json.dumps(model_config or {"model_type": "qwen2", "hidden_size": hidden}))
     (tmp / "model.safetensors").write_bytes(os.urandom(256))
     state = tmp / "trainer_state"
     state.mkdir()
@@ -326,3 +326,60 @@ def test_train_refuses_a_checkpoint_of_another_model_shape_before_writing(tmp_pa
     assert p.returncode == 2, p.stderr[-2000:]
     assert "hidden_size 64 in the checkpoint, 32 in the config" in p.stderr and "Traceback" not in p.stderr
     assert _snapshot(run.root) == before  # config.yaml not overwritten
+
+
+def test_train_refuses_a_checkpoint_of_another_tiny_vocabulary_before_writing(tmp_path):
+    """`builtin:tiny` with another --model.tiny-vocab-size has the same shape but another vocabulary: refused
+    before anything starts (it used to pass and fail in load_state_dict after Ray started, exit 1)."""
+    from rlvr.data import build_tiny_model_dir
+    from rlvr.orchestration.run_dirs import check_compatible, tiny_model_corpus
+
+    cfg = from_dict({"logging": {"run_name": "r"}}, base=default_config())
+    model = build_tiny_model_dir(cfg.model, tiny_model_corpus(cfg), tmp_path / "model", cfg.seed)
+    saved = json.loads((model / "config.json").read_text())
+    run = RunDir(tmp_path / "runs" / "r")
+    run.create()
+    (run.root / "config.yaml").write_text("original\n")
+    ckpt = _fake_checkpoint(run, 2, model_config=saved)
+    check_compatible(cfg, ckpt)  # the vocabulary it was built with passes
+    other = from_dict({"model": {"tiny_vocab_size": 64}}, base=cfg)
+    with pytest.raises(CheckpointError, match="vocab_size") as err:
+        check_compatible(other, ckpt)
+    assert f"vocab_size {saved['vocab_size']} in the checkpoint" in str(err.value)
+    before = _snapshot(run.root)
+    p = _train(tmp_path, "--model.tiny-vocab-size", "64")
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "vocab_size" in p.stderr and "Traceback" not in p.stderr
+    assert _snapshot(run.root) == before
+
+
+def test_restore_maps_a_load_time_size_mismatch_to_a_checkpoint_error(tmp_path, monkeypatch):
+    """Second line of defence: a learner's load_state_dict size mismatch (RuntimeError) is a CheckpointError
+    (exit 2, a message naming the checkpoint), not a traceback. ray.get is stubbed: no Ray is started."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from rlvr.orchestration import driver
+
+    run = RunDir(tmp_path / "run")
+    run.create()
+    ckpt = _fake_checkpoint(run, 2)
+    mismatch = RuntimeError("Error(s) in loading state_dict for Qwen2ForCausalLM:\n\tsize mismatch for "
+                            "model.embed_tokens.weight: copying a param with shape torch.Size([14, 64]) from "
+                            "checkpoint, the shape in current model is torch.Size([64, 64]).")
+
+    def fail(*args, **kwargs):
+        raise ray.exceptions.RayTaskError("load", "Traceback (remote)", mismatch)
+
+    monkeypatch.setattr(driver.ray, "get", fail)
+    learner = SimpleNamespace(load=SimpleNamespace(remote=lambda *a: None))
+    trainer = SimpleNamespace(actors=SimpleNamespace(learners=[learner]), timeout=1.0)
+    with pytest.raises(CheckpointError, match="size mismatch") as err:
+        driver.Trainer.restore(trainer, ckpt)
+    assert str(ckpt) in str(err.value) and "--checkpoint.resume never" in str(err.value)
+    other = RuntimeError("NCCL error")  # anything else stays a failure with its traceback
+    monkeypatch.setattr(driver.ray, "get", lambda *a, **k: (_ for _ in ()).throw(
+        ray.exceptions.RayTaskError("load", "tb", other)))
+    with pytest.raises(ray.exceptions.RayTaskError):
+        driver.Trainer.restore(trainer, ckpt)

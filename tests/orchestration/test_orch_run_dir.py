@@ -87,6 +87,29 @@ def test_same_command_continues_the_newest_unfinished_run_with_the_same_config(t
     assert select_run_dir(named).root.name == "finished"
 
 
+def test_unreadable_or_malformed_sibling_runs_are_skipped(tmp_path, monkeypatch):
+    """A sibling run that cannot be read (another user's: PermissionError) or whose run.json is hand-edited
+    (`started` not a number) is skipped with a warning, not a traceback; the same command still continues its
+    own unfinished run."""
+    from rlvr.orchestration import run_dirs
+
+    cfg = from_dict({"checkpoint": {"output_dir": str(tmp_path)}}, base=default_config())
+    fp, now = config_fingerprint(cfg), time.time()
+    mine = _run(tmp_path, "mine", fp, "preempted", now - 100)
+    bad = _run(tmp_path, "bad-started", fp, "preempted", now)
+    (bad / RUN_STATE).write_text(json.dumps({"config": fp, "status": "preempted", "started": "yesterday"}))
+    theirs = _run(tmp_path, "theirs", fp, "preempted", now)
+    real_in_use = run_dirs._in_use
+
+    def in_use(root):
+        if root == theirs:  # its .lock belongs to another user (root reads everything: simulated)
+            raise PermissionError(13, "Permission denied", str(root / ".lock"))
+        return real_in_use(root)
+
+    monkeypatch.setattr(run_dirs, "_in_use", in_use)
+    assert select_run_dir(cfg).root == mine
+
+
 def test_a_finished_run_is_not_continued(tmp_path):
     cfg = from_dict({"checkpoint": {"output_dir": str(tmp_path)}}, base=default_config())
     _run(tmp_path, "done", config_fingerprint(cfg), "finished", time.time())
