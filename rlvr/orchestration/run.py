@@ -327,11 +327,9 @@ class Prepared:
 def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None,
             lock: RunLock | None = None) -> Prepared:
     """Run dir (chosen, checkpoint usable, model compatible, writable, disk space), config.yaml, model directory,
-    tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed, and only what
-    this start created is removed: its own run directory, and parents it made while they are empty (another
-    command may have created its run in them meanwhile). `run_dir`, `resume` and the run's held `lock` are given
-    when a run restarts: the lock is kept throughout (released, another driver of the same command could take
-    the run in the gap), and stays the caller's to release."""
+    tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed; only what this
+    start created goes (its run directory; parents it made, while empty). A restart passes `run_dir`, `resume`
+    and the run's held `lock`, kept throughout (no other driver can take the run) and the caller's to release."""
     new_name = run_dir is None and not cfg.logging.run_name  # a generated name: must be a new directory
     run_dir = run_dir or select_run_dir(cfg)
     new_name = new_name and not run_dir.root.exists()

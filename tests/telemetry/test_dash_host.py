@@ -45,8 +45,8 @@ def test_dashboard_serves_loopback_hosts(server):
 
 def test_dashboard_refuses_other_hosts(server):
     port = server.server_address[1]
-    for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}", "localhost.evil.example:9000",
-                 "evil.example:9000", "localhost:", "localhost:abc", "[::1]x", "[::1", "", None):
+    for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}",
+                 "localhost.evil.example:9000", "evil.example:9000", "localhost:", "localhost:abc", "[::1]x", "[::1", "", None):
         assert _get(port, "/api/data", host) == 403, host
         assert _get(port, "/", host) == 403, host
 
