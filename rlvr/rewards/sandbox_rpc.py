@@ -11,8 +11,10 @@ Invariants (why a wrong program cannot pass):
 - Only plain data crosses back: None, bool, int, float, str, bytes, complex, and list, tuple, set, frozenset,
   dict of those, each checked by exact type in the judge; anything else (an object whose __eq__ says True)
   arrives as a `Remote` handle, which refuses ==, <, hash-free comparisons and `in`. The child sends an
-  instance of a subclass of those types (Counter, OrderedDict, namedtuple, IntEnum, a str subclass) or a deque
-  as its plain copy, read through the base type's code: overridden __eq__ or __hash__ never reach the judge.
+  instance of a subclass of those types (Counter, OrderedDict, IntEnum, a str subclass) or a deque as its plain
+  copy, read through the base type's code: overridden __eq__ or __hash__ never reach the judge. A namedtuple
+  arrives as an instance of a namedtuple class the judge makes itself with the same field names (checked
+  identifiers; tuple's own __eq__ and __hash__), so `p.x` works in a test.
 - The verdict is whether the trusted test code raised; it is computed in the judge with its own builtins.
   The program never holds the tests, the verdict pipe, or a way into the judge's or the launcher's memory.
 - Names resolve as in plain Python (the program's, else the builtin), with two exceptions. A program name that
@@ -31,6 +33,7 @@ from __future__ import annotations
 import ast
 import builtins
 import collections
+import functools
 import json
 import os
 import select
@@ -68,12 +71,33 @@ def _plain_copy(x: Any) -> Any:
         return complex(complex.real.__get__(x), complex.imag.__get__(x))
     if issubclass(t, dict):  # Counter, defaultdict, OrderedDict
         return dict(dict.items(x))
-    for base in (list, tuple, set, frozenset):  # namedtuple lands on tuple
+    for base in (list, tuple, set, frozenset):
         if issubclass(t, base):
             return base(base.__iter__(x))
     if issubclass(t, collections.deque):
         return list(collections.deque.__iter__(x))
     return _NOT_PLAIN
+
+
+def _namedtuple_fields(t: type, x: tuple) -> tuple[str, ...] | None:
+    """The field names of a namedtuple class (read in the child: the program's class), None if not one."""
+    fields = getattr(t, "_fields", None)
+    if type(fields) is tuple and len(fields) == tuple.__len__(x) and all(type(f) is str for f in fields):
+        return fields
+    return None
+
+
+_NAMEDTUPLES: dict[type, tuple[str, ...]] = {}  # the namedtuple classes `decode` made -> their fields
+
+
+@functools.lru_cache(maxsize=256)
+def _namedtuple(fields: tuple[str, ...]) -> type:
+    """A namedtuple class of our own making (collections.namedtuple refuses keywords, _names and duplicates)."""
+    if len(fields) > 256 or not all(f.isascii() and f.isidentifier() for f in fields):
+        raise ValueError("bad namedtuple fields")
+    cls = collections.namedtuple("namedtuple", fields)
+    _NAMEDTUPLES[cls] = fields
+    return cls
 
 
 def encode(x: Any, ref: Callable[[Any], int], depth: int = 0, subclasses: bool = False) -> Any:
@@ -102,6 +126,9 @@ def encode(x: Any, ref: Callable[[Any], int], depth: int = 0, subclasses: bool =
         return {"bytes": x.hex()}
     if t is complex:
         return {"complex": [encode(x.real, ref), encode(x.imag, ref)]}
+    if t in _NAMEDTUPLES or subclasses and issubclass(t, tuple) and _namedtuple_fields(t, x) is not None:
+        fields = _NAMEDTUPLES.get(t) or _namedtuple_fields(t, x)
+        return {"namedtuple": [list(fields), [encode(v, ref, depth + 1, subclasses) for v in tuple.__iter__(x)]]}
     if subclasses:
         plain = _plain_copy(x)
         if plain is not _NOT_PLAIN:
@@ -134,6 +161,9 @@ def decode(x: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
     items = [decode(v, resolve, depth + 1) for v in body]
     if tag == "tuple":
         return tuple(items)
+    if tag == "namedtuple" and len(items) == 2 and all(type(v) is list for v in items) \
+            and len(items[0]) == len(items[1]) and all(type(f) is str for f in items[0]):
+        return _namedtuple(tuple(items[0]))._make(items[1])
     if tag == "set":
         return set(items)
     if tag == "frozenset":

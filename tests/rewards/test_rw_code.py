@@ -216,7 +216,8 @@ SHAPES = [
     ("from collections import OrderedDict\ndef ordered(xs):\n    return OrderedDict((x, i) for i, x in enumerate(xs))",
      "assert ordered('ba') == {'b': 0, 'a': 1} and list(ordered('ba')) == ['b', 'a']"),
     ("from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\ndef mid(a, b):\n"
-     "    return Point((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)", "assert mid((0, 0), (2, 4)) == (1.0, 2.0)"),
+     "    return Point((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)",
+     "assert mid((0, 0), (2, 4)) == (1.0, 2.0) and mid((0, 0), (2, 4)).y == 2.0"),
 ]
 
 
