@@ -82,9 +82,13 @@ def _plain_copy(x: Any) -> Any:
 def _namedtuple_fields(t: type, x: tuple) -> tuple[str, ...] | None:
     """The field names of a namedtuple class (read in the child: the program's class), None if not one."""
     fields = getattr(t, "_fields", None)
-    if type(fields) is tuple and len(fields) == tuple.__len__(x) and all(type(f) is str for f in fields):
-        return fields
-    return None
+    if type(fields) is not tuple or len(fields) != tuple.__len__(x) or not all(type(f) is str for f in fields):
+        return None
+    try:
+        _namedtuple(fields)  # names the judge would refuse: send a plain tuple instead
+    except (ValueError, TypeError):
+        return None
+    return fields
 
 
 _NAMEDTUPLES: dict[type, tuple[str, ...]] = {}  # the namedtuple classes `decode` made -> their fields

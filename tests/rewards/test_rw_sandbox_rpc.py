@@ -102,6 +102,9 @@ def test_namedtuples_arrive_as_the_judges_own_namedtuples():
         assert back == (1, [2]) and back.x == 1 and back.y == [2] and back._fields == ("x", "y")
         assert type(back).__eq__ is tuple.__eq__ and type(back).__module__ != Lying.__module__
         assert decode(encode(back, _no_refs), _no_refs) == back  # the judge can pass it back to the program
+    odd = type("Odd", (tuple,), {"_fields": ("a", "class")})((1, 2))  # fields no namedtuple may have
+    back = decode(encode(odd, _no_refs, subclasses=True), _no_refs)
+    assert back == (1, 2) and type(back) is tuple
 
 
 def _exact_types(x):
