@@ -161,7 +161,7 @@ class RewardsConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Advantages, the policy loss and its corrections (ALGORITHMS.md)."""
+    """Advantages, the policy loss and its corrections (the formulas: rlvr/algorithms/, each module's docstring)."""
 
     advantage_scale: Literal["group", "batch", "none"] = "group"
     """`group` (GRPO), `batch` (mean per group, std over batch), `none` (Dr. GRPO: centred only)."""

@@ -160,7 +160,7 @@ class TransformersEngine:
                 with self._cond:
                     self._num_updates_in_progress -= 1
                     self._cond.notify_all()
-        logger.info("engine %d loaded %d tensors, policy version %d", self.engine_id, num_loaded, version)
+        logger.debug("engine %d loaded %d tensors, policy version %d", self.engine_id, num_loaded, version)
 
     def score(
         self, prompt_token_ids: list[int], completion_token_ids: list[int], temperature: float = 1.0

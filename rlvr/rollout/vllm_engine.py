@@ -437,7 +437,7 @@ class VLLMEngine:
             self._updating = False
             self._counters["num_updates"] += 1
             self._pump()
-        logger.info("engine %d: policy version %d", self.engine_id, version)
+        logger.debug("engine %d: policy version %d", self.engine_id, version)
         return {"sync/finish_s": time.perf_counter() - t0}
 
     async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
