@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_learning import read_curve  # noqa: E402  ([[step, eval reward, pass@1], ...] from eval.jsonl)
 SOLVED_PASS_AT_1 = 0.5
 SOLVED_GAIN = 0.5
 
@@ -43,18 +45,6 @@ def card(device: str) -> str:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (no CUDA)"
     except ImportError:
         return "cpu (no torch)"
-
-
-def read_curve(run_dir: Path) -> list[list[float]]:
-    """[[step, eval/reward_mean, eval/pass@1], ...] from a run's eval.jsonl, in step order."""
-    curve: dict[int, list[float]] = {}
-    with open(run_dir / "eval.jsonl") as f:
-        for line in f:
-            if line.strip():
-                rec = json.loads(line)
-                curve[int(rec["step"])] = [round(float(rec["eval/reward_mean"]), 4),
-                                           round(float(rec.get("eval/pass@1", 0.0)), 4)]
-    return [[s, *curve[s]] for s in sorted(curve)]
 
 
 def run_one(config: str | None, seed: int, out_dir: Path, extra: list[str]) -> dict[str, Any]:
