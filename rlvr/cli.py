@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "launch": "Start or join a Ray cluster, check its resources, and run training as a Ray job.",
     "submit": "Write (and submit) a Beaker, Kubernetes or Slurm job spec for a training run.",
     "dashboard": "Serve a live local dashboard of one or more run directories.",
+    "models": "List, fetch and convert real pretrained models without a model hub (rlvr models fetch NAME).",
 }
 
 
@@ -136,6 +137,7 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "launch": _lazy("rlvr.orchestration.launch", "launch", 8),
     "submit": _lazy("rlvr.orchestration.submit", "submit", 8),
     "dashboard": _lazy("rlvr.telemetry.dashboard", "dashboard", 9),
+    "models": _lazy("rlvr.models.pretrained", "models", 22),
 }
 
 
