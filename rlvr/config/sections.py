@@ -364,6 +364,8 @@ class ExperimentConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    wandb_table_every_n_steps: int = 25
+    """Log a wandb table of sampled completions every N steps (0 = never); metrics go to wandb every step."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

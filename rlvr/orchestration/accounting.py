@@ -77,3 +77,9 @@ class PromptLedger:
         self.in_flight = set(d["in_flight"])
         self.extra_pulled = dict(d["extra_pulled"])
         self.failure_reasons = dict(d.get("failure_reasons", {}))
+
+
+def source_drops(stream: Any) -> dict[str, int]:
+    """The prompt stream's own drop counters, as `PromptLedger.count_source_drops` takes them."""
+    c = getattr(stream, "counters", {}) or {}
+    return {"dropped_too_long": int(c.get("dropped_too_long", 0)), "skipped_bad_row": int(c.get("skipped_bad_row", 0))}

@@ -8,8 +8,6 @@ fails the run.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -23,16 +21,17 @@ from rlvr.algorithms.packing import PackInput, build_packed_batches
 from rlvr.algorithms.shaping import ShapingConfig, shape_group
 from rlvr.config import ExperimentConfig
 from rlvr import faults
-from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.accounting import PromptLedger, source_drops
 from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, describe
 from rlvr.orchestration.checkpoint import (FRESH_START_HINT, CheckpointError, RunDir, read_driver_state,
                                            write_driver_state)
+from rlvr.orchestration.request_codec import request_from_json, request_to_json
 from rlvr.orchestration.rollouts import RolloutFeeder, engine_get, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
 from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
-from rlvr.telemetry.logs import get_logger
+from rlvr.telemetry.logs import CONSOLE, get_logger
 from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
-from rlvr.types import Group, PackedBatch, PromptRequest, Sample, SamplingParams
+from rlvr.types import Group, PackedBatch, Sample
 
 logger = get_logger(__name__)
 
@@ -382,7 +381,7 @@ class Trainer:
         for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
             truncate_after_step(self.run_dir.path(name), self.step)
         self.weights.sync(self.step)
-        logger.info("resumed from %s at step %d", ckpt, self.step)
+        logger.info("resumed from %s at step %d", ckpt, self.step, extra=CONSOLE)
 
     def _log(self, metrics: dict[str, float], groups: list[Group]) -> None:
         record = {"step": self.step, "time": time.time(), **metrics}
@@ -393,8 +392,8 @@ class Trainer:
                 self.samples_file.write(rec)
         if self.wandb is not None:
             self.wandb.log(self.step, metrics)
-            if every and self.step % every == 0:
-                self.wandb.log_samples(self.step, sample_records(groups, self.step, self.cfg.logging.num_logged_samples))
+            # a table only when due: its own interval, --logging.wandb-table-every-n-steps
+            self.wandb.log_samples(self.step, sample_records(groups, self.step, self.cfg.logging.num_logged_samples))
         self.progress.update(self.step, metrics)
 
     # ------------------------------------------------------------------ the loop
@@ -404,6 +403,8 @@ class Trainer:
         if self.cfg.eval.at_step_0 and self.step == 0:
             last.update(self.evaluate())
             self.metrics_file.write({"step": 0, "time": time.time(), **last})
+            if self.wandb is not None and last:  # the baseline: a blocking eval's metrics go out with a step's
+                self.wandb.log(0, last)
         while self.step < self.cfg.num_steps:
             if self.signals is not None and self.signals.requested:
                 return self._stop(last)
@@ -465,7 +466,7 @@ class Trainer:
         m.update(self._train_and_sync(per_rank))
         for g in groups:
             self._finish(g.prompt_id, "trained")
-        self.ledger.count_source_drops(**_source_drops(self.feeder.stream))
+        self.ledger.count_source_drops(**source_drops(self.feeder.stream))
         self.ledger.check()
         m.update(self.ledger.metrics())
         for v in ray.get([v.metrics.remote() for v in self.actors.verifiers], timeout=self.timeout):
@@ -493,22 +494,6 @@ class Trainer:
     def close(self) -> None:
         for f in (self.metrics_file, self.eval_file, self.samples_file):
             f.close()
-
-
-def request_to_json(r: PromptRequest) -> dict[str, Any]:
-    """A prompt request as JSON data. Metadata values JSON cannot hold (rare: bytes or dates from a Parquet
-    column) are stored as their str()."""
-    return json.loads(json.dumps(dataclasses.asdict(r), default=str))
-
-
-def request_from_json(d: dict[str, Any]) -> PromptRequest:
-    fields = {f.name for f in dataclasses.fields(PromptRequest)}
-    if not isinstance(d, dict) or set(d) - fields:
-        raise ValueError(f"unexpected fields {sorted(set(d) - fields) if isinstance(d, dict) else type(d).__name__}")
-    return PromptRequest(**{**d, "sampling": SamplingParams(**d.get("sampling", {}))})
-
-
-def _source_drops(stream: Any) -> dict[str, int]:
-    c = getattr(stream, "counters", {}) or {}
-    return {"dropped_too_long": int(c.get("dropped_too_long", 0)), "skipped_bad_row": int(c.get("skipped_bad_row", 0))}
+        if self.wandb is not None:  # an unfinished wandb run leaves a HandleAbandonedError in its debug.log
+            self.wandb.finish()
 

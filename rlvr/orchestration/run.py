@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,8 @@ from rlvr.orchestration.checkpoint import RunDir
 from rlvr.orchestration.health import EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe
 from rlvr.orchestration.run_dirs import (RunLock, check_compatible, create_run_dir, read_run_state, remove_created,
                                          select_run_dir, tiny_model_corpus, write_run_state)
-from rlvr.telemetry.logs import get_logger, setup_logging
+from rlvr.telemetry.logs import CONSOLE, EVENTS_LOG_ENV, get_logger, setup_logging
+from rlvr.telemetry.summary import print_summary
 
 logger = get_logger(__name__)
 
@@ -115,7 +117,8 @@ def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tup
         address = head.address
     try:
         with _handlers_kept(signals):
-            ray.init(address=address, log_to_driver=True)
+            ray.init(address=address, log_to_driver=True,  # Ray's own INFO lines only at DEBUG
+                     logging_level="DEBUG" if cfg.logging.level == "DEBUG" else "WARNING")
     except BaseException:
         if head is not None:
             head.stop()
@@ -354,7 +357,8 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
         run_dir.path("config.yaml").write_text(to_yaml(cfg))
         write_run_state(run_dir, cfg, "running")
-        logger.info("run directory %s%s", run_dir.root, f", resuming from {ckpt.name}" if ckpt else "")
+        logger.info("run directory %s%s", run_dir.root, f", resuming from {ckpt.name}" if ckpt else "",
+                    extra=CONSOLE)
         model_dir = prepare_model(cfg, run_dir)
         from transformers import AutoTokenizer
 
@@ -412,6 +416,8 @@ def train(cfg: ExperimentConfig, signals: StopSignals | None = None) -> int:
         # rlvr starts the head: it and this process's client must agree on token authentication, and Ray's
         # client reads the mode when it is first imported, so it is set before anything imports ray
         os.environ.update(token_auth_env())
+        if cfg.cluster.device == "cpu":  # DeepSpeed's import otherwise warns that it found no accelerator
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
     return _train_prepared(cfg, prepare(cfg), signals)
 
 
@@ -428,8 +434,9 @@ def _preempted(cfg: ExperimentConfig, prep: Prepared, step: int, saved: bool) ->
 def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals) -> int:
     import ray
 
-    started, head = False, None
+    started, head, t0 = False, None, time.time()
     restarts, resume = 0, cfg.checkpoint.resume
+    os.environ[EVENTS_LOG_ENV] = str(prep.run_dir.path("events.log"))  # actors of a head started here log there
     try:
         if signals.requested:  # during start-up: nothing trained yet, nothing to save
             return _preempted(cfg, prep, read_run_state(prep.run_dir.root).get("step", 0), saved=False)
@@ -449,6 +456,7 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
                 write_run_state(prep.run_dir, cfg, "finished", trainer.step)
                 logger.info("done at step %d: %s", trainer.step, {k: round(v, 4) for k, v in final.items()
                                                                   if k.startswith(("eval/reward", "reward/total"))})
+                print_summary(prep.run_dir.root, trainer.step, time.time() - t0, final)
                 return 0
             except LearnerFailure as e:
                 if restarts >= cfg.cluster.max_restarts:
@@ -467,6 +475,7 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
         _remove_if_stub(prep)
         raise
     finally:
+        os.environ.pop(EVENTS_LOG_ENV, None)
         if started:
             ray.shutdown()
         if head is not None:

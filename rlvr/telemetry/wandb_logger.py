@@ -9,7 +9,8 @@ never imports wandb. With `online` or `offline`:
   Keys keep rlvr's namespaces (INTERFACES.md §6: reward/, eval/, rollout/, loss/, perf/, time/ ...), which
   wandb shows as one panel section each.
 - `log_samples` logs a table of completions (prompt, completion, reward per function, total, advantage)
-  every `samples_every_n_steps` steps, under `samples/completions`.
+  every `samples_every_n_steps` steps (the config's `logging.wandb_table_every_n_steps`: a table a step is
+  large and slow to browse), under `samples/completions`.
 Offline mode needs no network: runs are written under `dir` (default: the run directory) for `wandb sync`.
 """
 
@@ -84,7 +85,7 @@ class WandbLogger:
         """From an `ExperimentConfig` (its `logging` section), logging the whole resolved config."""
         lc = cfg.logging
         return cls(run_dir, mode=lc.wandb_mode, project=lc.wandb_project, entity=lc.wandb_entity,
-                   run_name=lc.run_name, config=cfg, samples_every_n_steps=lc.samples_every_n_steps)
+                   run_name=lc.run_name, config=cfg, samples_every_n_steps=lc.wandb_table_every_n_steps)
 
     @property
     def enabled(self) -> bool:
