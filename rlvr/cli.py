@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "launch": "Start or join a Ray cluster, check its resources, and run training as a Ray job.",
     "submit": "Write (and submit) a Beaker, Kubernetes or Slurm job spec for a training run.",
     "dashboard": "Serve a live local dashboard of one or more run directories.",
+    "export": "Merge a LoRA checkpoint into its base model: rlvr export --merge RUN_DIR/checkpoints/step_N OUT.",
     "models": "List, fetch and convert real pretrained models without a model hub (rlvr models fetch NAME).",
 }
 
@@ -137,6 +138,7 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "launch": _lazy("rlvr.orchestration.launch", "launch", 8),
     "submit": _lazy("rlvr.orchestration.submit", "submit", 8),
     "dashboard": _lazy("rlvr.telemetry.dashboard", "dashboard", 9),
+    "export": _lazy("rlvr.learner.export", "export", 20),
     "models": _lazy("rlvr.models.pretrained", "models", 22),
 }
 

@@ -256,6 +256,19 @@ class LearnerConfig:
     """Stop the run after this many optimizer steps in a row skipped for a non-finite loss or gradient."""
     attention: Literal["auto", "varlen", "mask"] = "auto"
     """Packed attention: `varlen` (position-id restarts / flash-attn varlen), `mask` (block-diagonal)."""
+    lora_rank: int = 0
+    """LoRA adapter rank r (0 = off: full fine-tuning). With r > 0 the learner wraps the model with `peft`: the base
+    weights stay frozen in the model dtype, only the adapters train and get optimizer state, and weight syncs and
+    checkpoints carry only the adapter (PEFT format; `rlvr export --merge` writes a merged model)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator: the adapter's output is multiplied by alpha / r (PEFT's `lora_alpha`)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input (PEFT's `lora_dropout`). Keep 0 for RL: with dropout the learner's log-probs
+    no longer match the engine's (the learner runs without dropout everywhere else)."""
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    """Module names (suffixes) that get adapters: by default the attention and MLP projections of Llama/Qwen-style
+    models (what vLLM serves LoRA on)."""
 
 
 @dataclass

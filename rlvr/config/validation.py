@@ -15,6 +15,36 @@ def _require(ok: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.26 takes for `max_lora_rank` (vllm/config/lora.py `MaxLoRARanks`); the engine starts with the
+smallest one >= learner.lora_rank."""
+VLLM_LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Adapter targets the vLLM engine serves on Llama/Qwen-style models (it packs q/k/v into qkv_proj and gate/up
+into gate_up_proj); embeddings and the lm_head it does not take from an RL adapter."""
+
+
+def _validate_lora(cfg: ExperimentConfig) -> None:
+    lr = cfg.learner
+    _require(lr.lora_rank >= 0, f"--learner.lora-rank must be >= 0 (got {lr.lora_rank}; 0 turns LoRA off)")
+    if lr.lora_rank == 0:
+        return
+    _require(lr.lora_alpha > 0, f"--learner.lora-alpha must be > 0 (got {lr.lora_alpha})")
+    _require(0 <= lr.lora_dropout < 1, f"--learner.lora-dropout must be in [0, 1) (got {lr.lora_dropout})")
+    _require(len(lr.lora_target_modules) > 0, "--learner.lora-target-modules is empty: name the projections "
+             f"that get adapters, e.g. {' '.join(VLLM_LORA_MODULES)}")
+    _require(lr.zero_stage != 3, "--learner.lora-rank with --learner.zero-stage 3 is not supported: the adapters "
+             "are about 1% of the weights and the frozen base is not partitioned for them; use --learner.zero-stage "
+             "2 (or 0)")
+    if cfg.rollout.backend != "vllm":
+        return
+    _require(lr.lora_rank <= max(VLLM_LORA_RANKS), f"--learner.lora-rank {lr.lora_rank} exceeds the largest LoRA "
+             f"rank vLLM serves ({max(VLLM_LORA_RANKS)}, its max_lora_rank choices: "
+             f"{', '.join(map(str, VLLM_LORA_RANKS))}); lower the rank or use --rollout.backend transformers")
+    bad = [m for m in lr.lora_target_modules if m not in VLLM_LORA_MODULES]
+    _require(not bad, f"--learner.lora-target-modules {' '.join(bad)}: the vLLM engine serves adapters on "
+             f"{', '.join(VLLM_LORA_MODULES)} only; drop the others or use --rollout.backend transformers")
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Raise `ConfigError` (a ValueError) naming the flag and the fix for the first problem found."""
     g, r, a, lr, c = cfg.generation, cfg.rollout, cfg.algorithm, cfg.learner, cfg.cluster
@@ -109,6 +139,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _require(c.heartbeat_timeout_s > 0 and c.actor_timeout_s > 0, "--cluster.heartbeat-timeout-s and "
              "--cluster.actor-timeout-s must be > 0")
     _require(lr.max_consecutive_skips >= 1, "--learner.max-consecutive-skips must be >= 1")
+    _validate_lora(cfg)
     _require(cfg.rewards.num_workers >= 1 and cfg.rewards.timeout_s > 0,
              "--rewards.num-workers must be >= 1 and --rewards.timeout-s > 0")
     return cfg

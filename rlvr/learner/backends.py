@@ -32,11 +32,13 @@ def total_optimizer_steps(cfg: ExperimentConfig) -> int:
 
 
 def adamw(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.AdamW:
-    """AdamW; on CUDA the fused kernel (one launch per step instead of foreach ops that allocate
-    parameter-sized temporaries)."""
+    """AdamW over the parameters that train (all of them, or only the LoRA adapters: frozen ones get no optimizer
+    state); on CUDA the fused kernel (one launch per step instead of foreach ops that allocate parameter-sized
+    temporaries)."""
     lc = cfg.learner
     on_cuda = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
                              weight_decay=lc.weight_decay, fused=True if on_cuda else None)
 
 
@@ -179,13 +181,16 @@ class DeepSpeedBackend:
         return self.engine._zero3_consolidated_16bit_state_dict()  # noqa: SLF001 - what accelerate uses
 
     def save(self, path: Path) -> None:
-        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", save_latest=False)
+        # with LoRA the frozen base is not state (it is the model directory): only the adapters are saved
+        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", save_latest=False,
+                                    exclude_frozen_parameters=self.cfg.learner.lora_rank > 0)
 
     def load(self, path: Path) -> None:
         # DeepSpeed 0.19.8's TorchCheckpointEngine.load calls torch.load(weights_only=False): every file it reads
         # (model states, ZeRO optimizer partitions) goes through the weights-only loader instead
         self.engine.checkpoint_engine.load = weights_only_load
-        self.engine.load_checkpoint(str(path / "deepspeed"), tag="state", load_module_strict=True)
+        self.engine.load_checkpoint(str(path / "deepspeed"), tag="state",
+                                    load_module_strict=self.cfg.learner.lora_rank == 0)
 
 
 SAFE_TORCH_GLOBALS = (

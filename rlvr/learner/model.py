@@ -53,7 +53,8 @@ def resolve_attn_implementation(name: str, device: str, packed_attention: str = 
 
 
 def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: bool = True) -> torch.nn.Module:
-    """An HF causal LM in the configured dtype and attention implementation, dropout off."""
+    """An HF causal LM in the configured dtype and attention implementation, dropout off; with
+    `learner.lora_rank` > 0 and `trainable`, a peft model whose adapters alone train."""
     from transformers import AutoModelForCausalLM
 
     dtype = resolve_dtype(cfg.model.dtype, device)
@@ -69,6 +70,10 @@ def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: boo
             m.p = 0.0
     if trainable and cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if trainable and cfg.learner.lora_rank > 0:  # frozen base in its dtype, trainable adapters (rlvr.rollout.lora)
+        from rlvr.rollout import lora
+
+        model = lora.wrap(model, lora.LoraSpec.from_config(cfg), path, seed=cfg.seed)
     if not trainable:
         model.requires_grad_(False).eval()
     model = model.to(device)

@@ -28,6 +28,7 @@ from rlvr.config import ExperimentConfig
 from rlvr.learner.backends import DeepSpeedBackend, TorchBackend, weights_only_load
 from rlvr.learner.logprobs import packed_logprobs
 from rlvr.learner.model import load_causal_lm
+from rlvr.rollout import lora
 from rlvr.telemetry.logs import get_logger
 from rlvr.types import MicroBatch, PackedBatch
 
@@ -69,6 +70,8 @@ class LearnerWorker:
         self.version = 0
         self.num_skipped_steps = 0
         self.consecutive_skips = 0
+        self.lora = lora.LoraSpec.from_config(cfg)
+        self.model_path = model_path
 
     @property
     def model(self) -> torch.nn.Module:
@@ -160,8 +163,16 @@ class LearnerWorker:
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) in one fixed order; ZeRO-3 gathers (in buckets) happen on every rank: iterate it to
-        the end on all ranks. Rank 0, the sender, gets tensors it may keep; the others only drain it."""
-        yield from self.backend.named_weights(copy=self.rank == 0)
+        the end on all ranks. Rank 0, the sender, gets tensors it may keep; the others only drain it.
+
+        With LoRA only the adapter goes out, under PEFT's on-disk names, in the base weights' dtype (what the
+        engines compute the adapter in; bf16 halves the bytes of fp32 adapters)."""
+        if self.lora is None:
+            yield from self.backend.named_weights(copy=self.rank == 0)
+            return
+        base_dtype = next(p for p in self.model.parameters() if not p.requires_grad).dtype
+        for name, t in lora.adapter_tensors(self.model).items():
+            yield name, t.to(base_dtype) if t.is_floating_point() and t.dtype != base_dtype else t.clone()
 
     @torch.no_grad()
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:
@@ -179,7 +190,8 @@ class LearnerWorker:
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: str, hf_dir: str | None, tokenizer_dir: str | None) -> None:
-        """Optimizer/scheduler/RNG state (every rank) and, on rank 0, the HF model (+ tokenizer)."""
+        """Optimizer/scheduler/RNG state (every rank) and, on rank 0, the HF model (+ tokenizer); with LoRA the
+        adapter in PEFT format (adapter_config.json, adapter_model.safetensors) and the base model's config.json."""
         p = Path(path)
         p.mkdir(parents=True, exist_ok=True)
         self.backend.save(p)
@@ -187,8 +199,14 @@ class LearnerWorker:
         torch.save({"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
                     "version": self.version, "skipped": self.num_skipped_steps}, p / f"rng_rank{self.rank}.pt")
         full = self.backend.full_state_dict()  # ZeRO-3: gathered module by module onto rank 0's CPU
-        if self.rank == 0 and hf_dir:
+        if self.rank == 0 and hf_dir and self.lora is not None:  # the adapter (PEFT format) + the base's config
+            Path(hf_dir).mkdir(parents=True, exist_ok=True)
+            lora.write_adapter_files(lora.adapter_tensors(self.model).items(),
+                                     lora.adapter_config_dict(self.lora, self.model_path), Path(hf_dir))
+            self.model.get_base_model().config.save_pretrained(hf_dir)
+        elif self.rank == 0 and hf_dir:
             self.backend.model.save_pretrained(hf_dir, safe_serialization=True, state_dict=full)
+        if self.rank == 0 and hf_dir:
             if tokenizer_dir:
                 from transformers import AutoTokenizer, GenerationConfig
 
@@ -202,6 +220,12 @@ class LearnerWorker:
         from safetensors.torch import load_file
 
         p = Path(path)
+        if self.lora is not None:
+            _, tensors = lora.read_adapter_dir(hf_dir)
+            with self.backend.gathered(modify=True) as model:
+                lora.load_adapter_tensors(model, tensors)
+            self._load_state(p)
+            return
         state = {}
         for f in sorted(Path(hf_dir).glob("*.safetensors")):
             state.update(load_file(str(f)))
@@ -211,6 +235,10 @@ class LearnerWorker:
             if missing or unexpected:
                 raise ValueError(f"checkpoint {hf_dir} does not match the model: missing {missing[:5]}, "
                                  f"unexpected {unexpected[:5]}")
+        self._load_state(p)
+
+    def _load_state(self, p: Path) -> None:
+        """Optimizer/scheduler (backend) and RNG/counters of this rank from `p` (weights-only loads)."""
         self.backend.load(p)
         rng = weights_only_load(p / f"rng_rank{self.rank}.pt")
         try:

@@ -55,12 +55,13 @@ class EngineActor(_Base):
                                      distributed_executor_backend="mp" if cfg.cluster.engine_tp > 1 else None)
         else:
             from rlvr.rollout.hf_engine import TransformersEngine
+            from rlvr.rollout.lora import LoraSpec
 
             self.engine = TransformersEngine(
                 model_path, engine_id, device=device, dtype=_engine_dtype(cfg, device),
                 max_batch_size=cfg.rollout.engine_batch_size, inflight_updates=cfg.rollout.inflight_updates,
                 num_threads=max(1, int(cfg.cluster.cpus_per_actor)) if device == "cpu" else None,
-                initial_version=initial_version)
+                initial_version=initial_version, lora=LoraSpec.from_config(cfg))
         self.sync = None
 
     def submit(self, requests: list[PromptRequest]) -> None:

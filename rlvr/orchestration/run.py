@@ -255,10 +255,17 @@ class ActorFactory:
 
     @property
     def transport(self) -> str:
-        """gloo on CPU; CUDA IPC when learners and engines share GPUs; else NCCL through vLLM's API."""
-        if not self.device.startswith("cuda") or self.cfg.rollout.backend != "vllm":
+        """gloo on CPU; CUDA IPC when learners and engines share GPUs; else NCCL through vLLM's API. LoRA always
+        takes gloo: only the adapter (about 1% of the weights) travels, as CPU tensors, and each vLLM engine loads
+        it from shared memory (`VLLMEngine.load_weights`) rather than through vLLM's weight-transfer API."""
+        if not self.device.startswith("cuda") or self.cfg.rollout.backend != "vllm" or self.cfg.learner.lora_rank > 0:
             return "gloo"
         return "ipc" if self.cfg.cluster.colocate else "nccl"
+
+    @property
+    def colocated(self) -> bool:
+        """vLLM engines share the learners' GPUs (they can sleep while the learners train)."""
+        return self.device.startswith("cuda") and self.cfg.rollout.backend == "vllm" and self.cfg.cluster.colocate
 
     def connect_weight_sync(self, actors: Actors) -> None:
         """(Re)build the learner rank 0 -> engines group (after any engine was replaced).
@@ -401,6 +408,8 @@ def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume:
                       prep.pad_token_id, wandb=_wandb(cfg, prep.run_dir))
     if ckpt is not None:
         trainer.restore(ckpt)
+    elif cfg.learner.lora_rank > 0:  # engines serve the learner's own adapter from the first request on
+        trainer.weights.sync(trainer.step)
     return trainer
 
 

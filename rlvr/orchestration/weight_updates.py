@@ -5,6 +5,8 @@ Two transports, picked by the actor factory:
   dies mid-update becomes an `EngineFailure` naming it (the driver replaces it and updates again).
 - `ipc` (colocated): the engines slept while the learners trained; wake the weights, stream CUDA IPC chunks,
   finish, then bring the KV cache back (keeps peak GPU memory at one copy of the weights plus the learner's).
+- LoRA (`learner.lora_rank` > 0) broadcasts only the adapter over gloo, colocated or not; sleeping engines wake
+  their weights first (the adapter slots live there) and their KV cache after.
 
 Every `ray.get` has the actor timeout; a learner that dies or hangs becomes a `LearnerFailure`.
 """
@@ -28,7 +30,7 @@ class WeightUpdater:
 
     @property
     def colocated(self) -> bool:
-        return self.actors.factory.transport == "ipc"
+        return self.actors.factory.colocated
 
     def engines(self, method: str, *args: Any) -> list:
         return ray.get([getattr(e, method).remote(*args) for e in self.actors.engines], timeout=self.timeout)
@@ -40,7 +42,15 @@ class WeightUpdater:
 
     def sync(self, version: int) -> dict[str, float]:
         """Every engine ends at `version` with the learners' weights; returns the `sync/*` metrics."""
-        return self._sync_ipc(version) if self.colocated else self._sync_broadcast(version)
+        if self.actors.factory.transport == "ipc":
+            return self._sync_ipc(version)
+        if not self.engines_asleep:
+            return self._sync_broadcast(version)
+        self.engines("wake_up", ["weights"])  # colocated LoRA: the adapter slots live with the weights
+        out = self._sync_broadcast(version)
+        self.engines("wake_up", ["kv_cache"])
+        self.engines_asleep = False
+        return out
 
     def _sync_ipc(self, version: int) -> dict[str, float]:
         if self.engines_asleep:

@@ -35,6 +35,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.rollout.base import EngineError, GroupBook, wait_until
 from rlvr.rollout.kv_batch import RunningBatch, Sequence
+from rlvr.rollout.lora import LoraSpec, to_module_names
+from rlvr.rollout.lora import wrap as wrap_lora
 from rlvr.rollout.sampling import (
     check_finish,
     default_eos_token_ids,
@@ -77,7 +79,11 @@ class TransformersEngine:
         num_threads: int | None = None,
         initial_version: int = 0,
         attn_implementation: str | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
+        """`lora`: serve the base model plus this LoRA adapter (as peft applies it); `load_weights` then takes the
+        adapter's tensors under PEFT on-disk names (`rlvr.rollout.lora`), which until the first load are peft's
+        initial adapter (lora_B zero: the base model's outputs)."""
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
         if max_batch_size < 1:
@@ -91,6 +97,9 @@ class TransformersEngine:
         model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=_DTYPES[dtype], attn_implementation=attn_implementation
         )
+        self.lora = lora
+        if lora is not None:
+            model = wrap_lora(model, lora, model_path)
         self._model: torch.nn.Module | None = model.to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
         self.eos_token_ids: list[int] = (
@@ -152,6 +161,8 @@ class TransformersEngine:
                 if not self.inflight_updates:
                     with self._cond:
                         wait_until(self._cond, lambda: self._num_running == 0, None, self._check_alive, "drain")
+                if self.lora is not None:  # PEFT on-disk names -> the live adapter parameters
+                    named_tensors = to_module_names(named_tensors)
                 with self._model_lock, torch.no_grad():
                     num_loaded = copy_named_tensors(self._require_model(), named_tensors)
                     with self._cond:

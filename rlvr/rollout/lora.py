@@ -1,0 +1,176 @@
+"""LoRA adapters shared by the learner and the engines (issue 20): their settings, names and on-disk form.
+
+Invariants:
+- One adapter, named `ADAPTER_NAME` inside peft, with the settings of `LoraSpec` (built from `learner.lora_*`), so the
+  learner's and every engine's adapted model compute the same function from the same tensors.
+- Adapter tensors cross process boundaries and sit on disk under PEFT's on-disk names
+  (`base_model.model.<module>.lora_A.weight`, no adapter name): what `peft.get_peft_model_state_dict` returns, what
+  `adapter_model.safetensors` holds and what vLLM reads. `module_name` maps one to the live peft model's parameter.
+- A written adapter directory is data only: `adapter_config.json` (JSON) and `adapter_model.safetensors`; it is
+  written into a temporary sibling and renamed, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ADAPTER_NAME = "default"
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """The adapter's shape and scaling (PEFT LoraConfig fields of the same meaning)."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LoraSpec | None:
+        """From an `ExperimentConfig`; None when `learner.lora_rank` is 0 (LoRA off)."""
+        lc = cfg.learner
+        if lc.lora_rank <= 0:
+            return None
+        return cls(int(lc.lora_rank), int(lc.lora_alpha), float(lc.lora_dropout), tuple(lc.lora_target_modules))
+
+    def peft_config(self, base_model_path: str | None = None) -> Any:
+        peft = require_peft()
+        return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                               target_modules=list(self.target_modules), bias="none", task_type="CAUSAL_LM",
+                               base_model_name_or_path=base_model_path)
+
+
+def require_peft() -> Any:
+    """Import peft or fail with the install hint."""
+    try:
+        import peft
+    except ImportError as exc:
+        raise ImportError("LoRA (--learner.lora-rank > 0) needs peft: pip install 'rlvr[lora]'") from exc
+    return peft
+
+
+def wrap(model: torch.nn.Module, spec: LoraSpec, base_model_path: str | None = None, seed: int = 0) -> Any:
+    """The model with adapters on `spec.target_modules` (a peft `PeftModel`). The adapter init (lora_A random,
+    lora_B zero: the adapted model starts equal to the base) draws from a generator seeded with `seed`, so every
+    data-parallel rank starts from the same adapter. Only adapter parameters require grad."""
+    peft = require_peft()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            wrapped = peft.get_peft_model(model, spec.peft_config(base_model_path), adapter_name=ADAPTER_NAME)
+        except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+            raise ValueError(f"--learner.lora-target-modules {' '.join(spec.target_modules)}: {e}") from None
+    return wrapped
+
+
+def module_name(peft_name: str, adapter: str = ADAPTER_NAME) -> str:
+    """PEFT on-disk name -> the live model's parameter name (`...lora_A.weight` -> `...lora_A.<adapter>.weight`)."""
+    for part in ("lora_A", "lora_B"):
+        marker = f".{part}."
+        if marker in peft_name:
+            head, tail = peft_name.rsplit(marker, 1)
+            return f"{head}.{part}.{adapter}.{tail}"
+    return peft_name
+
+
+def adapter_tensors(model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under PEFT on-disk names, in the model's parameter order (live, detached views)."""
+    peft = require_peft()
+    return peft.get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME, save_embedding_layers=False)
+
+
+def adapter_parameter_names(model: torch.nn.Module) -> list[str]:
+    """Live names of the adapter parameters (the ones that train)."""
+    return [n for n, _ in model.named_parameters() if ".lora_A." in n or ".lora_B." in n]
+
+
+def to_module_names(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in named:
+        yield module_name(name), tensor
+
+
+def adapter_config_dict(spec: LoraSpec, base_model_path: str | None) -> dict[str, Any]:
+    """adapter_config.json as peft writes it (what vLLM's PEFTHelper and `peft.LoraConfig` read)."""
+    return spec.peft_config(base_model_path).to_dict()
+
+
+def write_adapter_dir(named: Iterable[tuple[str, torch.Tensor]], config: dict[str, Any], out_dir: str | Path) -> Path:
+    """Write an adapter directory (PEFT format) atomically: into `<out_dir>.tmp`, then renamed to `out_dir`."""
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write_adapter_files(named, config, tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def write_adapter_files(named: Iterable[tuple[str, torch.Tensor]], config: dict[str, Any], directory: Path) -> None:
+    """`adapter_model.safetensors` and `adapter_config.json` into an existing directory."""
+    from safetensors.torch import save_file
+
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in named}
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=2, sort_keys=True))
+
+
+def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(adapter_config.json, tensors) of an adapter directory: JSON and safetensors, nothing unpickled.
+    ValueError when either is missing or unreadable."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    try:
+        config = json.loads((p / CONFIG_FILE).read_text())
+        tensors = load_file(str(p / WEIGHTS_FILE))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{p}: not a LoRA adapter directory ({CONFIG_FILE} + {WEIGHTS_FILE}): {e}") from None
+    except Exception as e:  # trust boundary: safetensors raises its own error types on a malformed file
+        raise ValueError(f"{p / WEIGHTS_FILE}: unreadable safetensors file: {e}") from None
+    if not isinstance(config, dict) or int(config.get("r", 0) or 0) <= 0:
+        raise ValueError(f"{p / CONFIG_FILE}: not a LoRA adapter config (no positive `r`)")
+    return config, tensors
+
+
+@torch.no_grad()
+def load_adapter_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> int:
+    """Copy PEFT-named adapter tensors into a wrapped model in place; every adapter parameter must be given,
+    with its shape (ValueError otherwise, naming the first mismatch). Returns how many were copied."""
+    from rlvr.rollout.weights import copy_named_tensors
+
+    want = set(adapter_parameter_names(model))
+    got = {module_name(n) for n in tensors}
+    if want != got:
+        missing, extra = sorted(want - got), sorted(got - want)
+        raise ValueError(f"adapter does not match the model's LoRA settings: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]} (compare --learner.lora-rank / --learner.lora-target-modules)")
+    params = dict(model.named_parameters())
+    for name, t in tensors.items():
+        if tuple(params[module_name(name)].shape) != tuple(t.shape):
+            raise ValueError(f"adapter tensor {name} has shape {tuple(t.shape)}, the model's LoRA settings give "
+                             f"{tuple(params[module_name(name)].shape)} (compare --learner.lora-rank)")
+    return copy_named_tensors(model, to_module_names(tensors.items()))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        items = [_jsonable(v) for v in value]
+        return sorted(items, key=str) if isinstance(value, set) else items
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # enums (task_type, peft_type) and anything else peft puts in its dict
