@@ -174,3 +174,46 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)  # enums (task_type, peft_type) and anything else peft puts in its dict
+
+
+def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
+    """AsyncEngineArgs for serving one rlvr adapter: LoRA on, the smallest `max_lora_rank` vLLM takes that holds
+    the rank, one adapter slot on the GPU and one in vLLM's CPU cache (the policy's, replaced in place)."""
+    from rlvr.config.validation import VLLM_LORA_RANKS
+
+    fits = [r for r in VLLM_LORA_RANKS if r >= spec.rank]
+    if not fits:
+        raise ValueError(f"--learner.lora-rank {spec.rank} exceeds the largest rank vLLM serves ({max(VLLM_LORA_RANKS)})")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1, "max_cpu_loras": 1}
+
+
+class SharedMemoryAdapters:
+    """Where a vLLM engine puts each received adapter for vLLM to load: PEFT directories in shared memory
+    (/dev/shm, a RAM file system; the system temp directory where there is none), one per update, the previous
+    one removed once the next is loaded. vLLM 0.26 loads adapters only from a path (`LoRARequest.lora_path`);
+    trainers that hand it tensors instead (verl's TensorLoRARequest) patch its worker's `_load_adapter`, which this
+    avoids. The engine's workers run on the engine's node, so they read the same memory."""
+
+    def __init__(self, spec: LoraSpec, base_model_path: str, tag: str) -> None:
+        import tempfile
+
+        shm = Path("/dev/shm")
+        root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+        self.root = Path(tempfile.mkdtemp(prefix=f"rlvr-lora-{tag}-", dir=root))
+        self.config = adapter_config_dict(spec, base_model_path)
+        self.current: Path | None = None
+        self._count = 0
+
+    def write(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
+        """A new adapter directory holding these tensors (a version may be written twice: an engine replaced)."""
+        self._count += 1
+        return write_adapter_dir(named, self.config, self.root / f"v{version}-{self._count}")
+
+    def loaded(self, path: Path) -> None:
+        """`path` is what the engine serves now: the directory before it is no longer needed."""
+        if self.current is not None and self.current != path:
+            shutil.rmtree(self.current, ignore_errors=True)
+        self.current = path
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -28,6 +28,11 @@ Invariants:
 - `score()` uses `prompt_logprobs`, which vLLM takes before temperature (ModelConfig.logprobs_mode docs),
   so it supports temperature 1 (and greedy, which means temperature 1) only.
 - An exception in the loop's work is stored and re-raised (as `EngineError`) by later calls.
+- LoRA (`learner.lora_rank` > 0): vLLM runs with LoRA on and serves one adapter, id `LORA_ID`, that every request
+  carries once one is loaded (before that: none, i.e. the base model, which equals peft's initial adapter). An
+  update writes the adapter to shared memory (`SharedMemoryAdapters`) and, paused as above, `add_lora`s it with
+  `load_inplace=True` under the same id, so running requests continue on the new adapter; requests themselves
+  never carry `load_inplace` (vLLM would reload the adapter at every step).
 - With the `ipc` backend the constructor sets VLLM_ALLOW_INSECURE_SERIALIZATION=1 (inherited by vLLM's
   engine-core processes): CUDA IPC handles reach the workers pickled, and vLLM refuses to unpickle without it.
 """
@@ -49,6 +54,7 @@ import torch
 
 from rlvr.config import ExperimentConfig
 from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError, GroupBook
+from rlvr.rollout.lora import ADAPTER_NAME, LoraSpec, SharedMemoryAdapters, vllm_engine_args
 from rlvr.rollout.sampling import validate_request
 from rlvr.types import FinishReason, PromptRequest, Sample
 from rlvr.types import SamplingParams as RlvrSamplingParams
@@ -57,6 +63,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+LORA_ID = 1
+"""vLLM's id of the policy's adapter (ids start at 1); every update replaces it in place."""
 _FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
 """vLLM finish reasons kept as they are; anything else ("abort", "error", "repetition") becomes "abort"."""
 
@@ -140,7 +148,10 @@ class VLLMEngine:
         self.inflight_updates = cfg.rollout.inflight_updates
         self.ignore_eos = ignore_eos
         colocate = cfg.cluster.colocate
-        self.weight_transfer_backend = weight_transfer_backend or ("ipc" if colocate else "nccl")
+        self.lora = LoraSpec.from_config(cfg)
+        self._lora_request: Any = None  # what requests carry once an adapter is loaded (None: the base model)
+        self._adapters = SharedMemoryAdapters(self.lora, model_path, f"e{engine_id}") if self.lora else None
+        self.weight_transfer_backend = weight_transfer_backend or ("ipc" if colocate and not self.lora else "nccl")
         self.sleep_enabled = (colocate and cfg.rollout.colocate_sleep) if enable_sleep_mode is None else enable_sleep_mode
         self.max_model_len = max_model_len or _default_max_model_len(model_path, cfg)
         self._version = initial_version
@@ -179,6 +190,7 @@ class VLLMEngine:
             trust_remote_code=cfg.model.trust_remote_code,
             disable_log_stats=True,  # our stat tap still receives scheduler stats (custom loggers enable them)
             distributed_executor_backend=distributed_executor_backend,
+            **(vllm_engine_args(self.lora) if self.lora else {}),
             **engine_kwargs,
         )
         if self.weight_transfer_backend == "ipc":
@@ -220,8 +232,14 @@ class VLLMEngine:
         self._loop.call_soon_threadsafe(self._pump)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """In-process tensors -> engine. Only the `ipc` backend can take tensors from this process (CUDA
-        IPC handles to copies on this process's current GPU); with `nccl` use `receive_weights_nccl`."""
+        """In-process tensors -> engine. With LoRA: the adapter's tensors (PEFT names, any device), loaded through
+        shared memory. Else only the `ipc` backend can take tensors from this process (CUDA IPC handles to copies
+        on this process's current GPU); with `nccl` use `receive_weights_nccl`."""
+        if self._adapters is not None:
+            path = self._adapters.write(named_tensors, version)
+            self._call(self._adapter_update(str(path), version))
+            self._adapters.loaded(path)
+            return
         if self.weight_transfer_backend != "ipc":
             raise NotImplementedError("VLLMEngine.load_weights needs weight_transfer_backend='ipc'; with NCCL the "
                                       "learner sends through rlvr.weight_sync.nccl and the engine calls "
@@ -303,6 +321,8 @@ class VLLMEngine:
         self._llm = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=60)
+        if self._adapters is not None:
+            self._adapters.close()
 
     # ------------------------------------------------------------------ weight sync (engine side)
     def init_weight_transfer(self, master_addr: str = "", master_port: int = 0, rank_offset: int = 1,
@@ -389,12 +409,13 @@ class VLLMEngine:
             self._fail(exc)
             raise
 
-    async def _begin_update(self) -> float:
+    async def _begin_update(self, transfer: bool = True) -> float:
         t0 = time.perf_counter()
         self._updating = True
         try:
             await self._llm.pause_generation(mode="keep" if self.inflight_updates else "wait", clear_cache=False)
-            await self._llm.start_weight_update()
+            if transfer:  # a weight-transfer session (not for LoRA adapters)
+                await self._llm.start_weight_update()
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -415,7 +436,7 @@ class VLLMEngine:
             update_info["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
         await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
 
-    async def _finish_update(self, version: int) -> dict[str, float]:
+    async def _finish_update(self, version: int, transfer: bool = True) -> dict[str, float]:
         t0 = time.perf_counter()
         try:
             # vLLM logs "RotaryEmbedding: Failed to load weights" here at every update. It is harmless: vLLM's
@@ -424,7 +445,8 @@ class VLLMEngine:
             # rotary tensor, so vLLM warns and puts the layer's existing cache back. That cache is a function of
             # the config alone (rope theta, head dim, max positions) and never trained; the teacher-forced
             # log-prob match after a sync (tests/gpu, about 1e-3) shows the positions are right.
-            await self._llm.finish_weight_update()
+            if transfer:
+                await self._llm.finish_weight_update()
             self._version = version
             if not self.inflight_updates and self.cfg.rollout.vllm_enable_prefix_caching and not self._asleep:
                 await self._llm.reset_prefix_cache()  # drained: nothing holds blocks; the salt also isolates them
@@ -439,6 +461,23 @@ class VLLMEngine:
             self._pump()
         logger.debug("engine %d: policy version %d", self.engine_id, version)
         return {"sync/finish_s": time.perf_counter() - t0}
+
+    async def _adapter_update(self, path: str, version: int) -> dict[str, float]:
+        """pause -> add_lora in place (the same id) -> policy_version = version -> resume."""
+        from vllm.lora.request import LoRARequest
+
+        pause_s = await self._begin_update(transfer=False)
+        t1 = time.perf_counter()
+        try:
+            if not await self._llm.add_lora(LoRARequest(ADAPTER_NAME, LORA_ID, path, load_inplace=True)):
+                raise EngineError(f"vLLM did not load the adapter at {path}")
+        except BaseException as exc:
+            self._fail(exc)
+            self._updating = False
+            raise
+        self._lora_request = LoRARequest(ADAPTER_NAME, LORA_ID, path)
+        t2 = time.perf_counter()
+        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **await self._finish_update(version, False)}
 
     async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -513,7 +552,8 @@ class VLLMEngine:
         self._busy(+1)
         final = None
         try:
-            async for out in self._llm.generate(prompt, self._vllm_params(req.sampling, j), rid):
+            async for out in self._llm.generate(prompt, self._vllm_params(req.sampling, j), rid,
+                                                lora_request=self._lora_request):
                 final = out
             if final is None or not final.outputs:
                 raise EngineError(f"vLLM returned no output for request {rid}")
@@ -574,7 +614,8 @@ class VLLMEngine:
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         prompt = {"prompt_token_ids": ids, "cache_salt": cache_salt(self._version)}
         final = None
-        async for out in self._llm.generate(prompt, params, f"rlvr-score-e{self.engine_id}-{next(self._rids)}"):
+        async for out in self._llm.generate(prompt, params, f"rlvr-score-e{self.engine_id}-{next(self._rids)}",
+                                            lora_request=self._lora_request):
             final = out
         if final is None or final.prompt_logprobs is None:
             raise EngineError("vLLM returned no prompt log-probs")

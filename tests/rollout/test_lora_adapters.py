@@ -1,0 +1,51 @@
+"""What a vLLM engine does with a received LoRA adapter before vLLM sees it (no vLLM needed): the PEFT directory
+it writes in shared memory, the engine arguments it starts vLLM with, and clean-up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvr.rollout import lora
+
+SPEC = lora.LoraSpec(rank=12, alpha=24, dropout=0.0, target_modules=("q_proj", "v_proj"))
+
+
+def test_adapter_directories_are_peft_format_and_only_the_served_one_is_kept(tmp_path):
+    store = lora.SharedMemoryAdapters(SPEC, str(tmp_path / "base"), "t")
+    try:
+        named = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", torch.ones(12, 8)),
+                 ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", torch.zeros(8, 12))]
+        first = store.write(named, 1)
+        config, tensors = lora.read_adapter_dir(first)
+        assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (12, 24, ["q_proj", "v_proj"])
+        assert config["base_model_name_or_path"] == str(tmp_path / "base") and config["peft_type"] == "LORA"
+        assert list(tensors) == [n for n, _ in named] and torch.equal(tensors[named[0][0]], named[0][1])
+        json.dumps(config)  # vLLM's PEFTHelper reads it as JSON
+        store.loaded(first)
+        second = store.write(named, 1)  # the same version again (a replaced engine): a new directory
+        assert second != first and first.exists()
+        store.loaded(second)
+        assert not first.exists() and second.exists()
+    finally:
+        store.close()
+    assert not store.root.exists()
+
+
+@pytest.mark.parametrize("rank, max_rank", [(1, 1), (2, 8), (8, 8), (12, 16), (300, 320), (512, 512)])
+def test_vllm_gets_the_smallest_max_lora_rank_that_holds_the_rank(rank, max_rank):
+    args = lora.vllm_engine_args(lora.LoraSpec(rank, 16, 0.0, ("q_proj",)))
+    assert args == {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1, "max_cpu_loras": 1}
+
+
+def test_a_rank_vllm_cannot_serve_is_refused():
+    with pytest.raises(ValueError, match="lora-rank 513"):
+        lora.vllm_engine_args(lora.LoraSpec(513, 16, 0.0, ("q_proj",)))
+
+
+def test_peft_names_map_to_live_parameter_names():
+    assert lora.module_name("base_model.model.model.layers.3.mlp.down_proj.lora_B.weight") == \
+        "base_model.model.model.layers.3.mlp.down_proj.lora_B.default.weight"
+    assert lora.module_name("base_model.model.lm_head.weight") == "base_model.model.lm_head.weight"
