@@ -107,10 +107,10 @@ def _not_implemented(name: str, issue: int) -> Callable[[list[str]], int]:
 
 def _reward(argv: list[str]) -> int:
     try:
-        from rlvr.rewards.cli import RewardArgs, run_reward
+        from rlvr.rewards.cli import RewardArgs, help_description, run_reward
     except ImportError:
         return _not_implemented("reward", 4)(argv)
-    args = tyro.cli(RewardArgs, args=argv, prog="rlvr reward", description=SUBCOMMANDS["reward"])
+    args = tyro.cli(RewardArgs, args=argv, prog="rlvr reward", description=help_description())
     return run_reward(args)
 
 

@@ -4,17 +4,21 @@
 - `EngineWatch` declares an engine stuck when it has prompts outstanding and its generated-token counter has
   not moved for `heartbeat_timeout_s` (a threaded engine still answers pings while its worker is wedged).
 - `StopSignals`: the first SIGINT/SIGTERM asks the driver to checkpoint and exit with `EXIT_PREEMPTED`
-  (resumable, non-zero so that schedulers retry or requeue); a second one exits at once.
+  (resumable, non-zero so that schedulers retry or requeue); a second one exits at once. `handlers_kept`
+  keeps its handlers in place while Ray starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
 PREEMPTED_MESSAGE = "preempted, resumable: a checkpoint was written; start the same command again to resume"
@@ -97,3 +101,37 @@ class StopSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._old.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
+    """While active, nothing in this process replaces the SIGINT/SIGTERM handlers of `signals`, and they are
+    installed again on exit. ray.init installs a Python SIGTERM handler that calls sys.exit at once, and its core
+    worker an absl "failure signal handler" (C) that prints a stack and aborts the process on SIGTERM (seen: exit
+    -6 after a Ctrl-C); blocking the signals around ray.init does not help, because another thread may take the
+    signal and the main thread then runs whichever handler is installed at that moment."""
+    if signals is None or threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread sets handlers (and StopSignals installs none elsewhere)
+        return
+    original = signal.signal
+    sigs = (signal.SIGINT, signal.SIGTERM)
+
+    def guarded(sig: int, handler: Any) -> Any:
+        if sig in sigs:
+            return signal.getsignal(sig)
+        return original(sig, handler)
+
+    flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # read by Ray's core worker when the driver connects
+    old_flag = os.environ.get(flag)
+    os.environ[flag] = "1"
+    signal.signal = guarded  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        signal.signal = original
+        for sig in sigs:  # re-installs Python's own C-level handler over anything set with sigaction
+            original(sig, signal.getsignal(sig))
+        if old_flag is None:
+            os.environ.pop(flag, None)
+        else:
+            os.environ[flag] = old_flag

@@ -18,20 +18,17 @@ checkpoint (up to `cluster.max_restarts`); every actor is shut down by handle on
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.config import ExperimentConfig, check_resources, to_yaml
 from rlvr.orchestration.checkpoint import RunDir
-from rlvr.orchestration.health import EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe
+from rlvr.orchestration.health import (EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe,
+                                      handlers_kept)
 from rlvr.orchestration.run_dirs import (RunLock, check_compatible, create_run_dir, read_run_state, remove_created,
                                          select_run_dir, tiny_model_corpus, write_run_state)
 from rlvr.telemetry.logs import CONSOLE, EVENTS_LOG_ENV, get_logger, setup_logging
@@ -116,7 +113,7 @@ def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tup
                             own_session=True).start()
         address = head.address
     try:
-        with _handlers_kept(signals):
+        with handlers_kept(signals):
             ray.init(address=address, log_to_driver=True,  # Ray's own INFO lines only at DEBUG
                      logging_level="DEBUG" if cfg.logging.level == "DEBUG" else "WARNING")
     except BaseException:
@@ -124,40 +121,6 @@ def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tup
             head.stop()
         raise
     return True, head
-
-
-@contextlib.contextmanager
-def _handlers_kept(signals: StopSignals | None) -> Iterator[None]:
-    """While active, nothing in this process replaces the SIGINT/SIGTERM handlers of `signals`, and they are
-    installed again on exit. ray.init installs a Python SIGTERM handler that calls sys.exit at once, and its core
-    worker an absl "failure signal handler" (C) that prints a stack and aborts the process on SIGTERM (seen: exit
-    -6 after a Ctrl-C); blocking the signals around ray.init does not help, because another thread may take the
-    signal and the main thread then runs whichever handler is installed at that moment."""
-    if signals is None or threading.current_thread() is not threading.main_thread():
-        yield  # only the main thread sets handlers (and StopSignals installs none elsewhere)
-        return
-    original = signal.signal
-    sigs = (signal.SIGINT, signal.SIGTERM)
-
-    def guarded(sig: int, handler: Any) -> Any:
-        if sig in sigs:
-            return signal.getsignal(sig)
-        return original(sig, handler)
-
-    flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # read by Ray's core worker when the driver connects
-    old_flag = os.environ.get(flag)
-    os.environ[flag] = "1"
-    signal.signal = guarded  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        signal.signal = original
-        for sig in sigs:  # re-installs Python's own C-level handler over anything set with sigaction
-            original(sig, signal.getsignal(sig))
-        if old_flag is None:
-            os.environ.pop(flag, None)
-        else:
-            os.environ[flag] = old_flag
 
 
 def _device(cfg: ExperimentConfig) -> str:

@@ -5,10 +5,13 @@ Two modes:
 - a JSONL file: `--input rows.jsonl [--output scored.jsonl]`; each row has `completion` and the metadata fields
   (`ground_truth`, the verifier column, `tests`, ..., optionally `completion_token_ids`).
 
+`--list` prints every reward function: its parameters, what it scores, and an example with its score.
+
 Output (INTERFACES.md §5): one JSON object per completion, `{"scores": {...}, "total": ..., "correct": ...,
 "status": "ok", "error": ..., "elapsed_s": ...}`, on stdout; with `--output`, the rows extended with those
-fields go to the file and stdout gets one summary object. Exit code 0, or 2 for a usage error (message on
-stderr). `run_reward` is what `rlvr reward` calls.
+fields go to the file and stdout gets one summary object. Exit code 0 when every row scored; 2 for a usage
+error, or when rows failed to score (status `error` or `timeout`): every result is still written, and stderr
+counts the failed rows and names each (its input line) with the error. `run_reward` is what `rlvr reward` calls.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+import tyro
 
 from rlvr.rewards.scorer import RewardFunctionSpec, RewardScorer, RewardsSettings
 from rlvr.types import RewardResult
@@ -27,6 +32,8 @@ from rlvr.types import RewardResult
 class RewardArgs:
     """Score completions with rlvr's reward functions."""
 
+    list_functions: Annotated[bool, tyro.conf.arg(name="list")] = False
+    """Print every reward function (parameters, what it scores, an example with its score) and exit."""
     fn: list[str] = field(default_factory=list)
     """Reward functions applied to every completion (registered names or 'pkg.module:fn'), e.g. --fn math."""
     reference: str | None = None
@@ -51,6 +58,15 @@ class RewardArgs:
     """Per-completion time limit in seconds (enforced when num_workers >= 1)."""
     num_workers: int = 1
     """Verifier worker processes; 0 scores in this process without time limits."""
+
+
+def help_description() -> str:
+    """The description `rlvr reward --help` shows: what it does and the registered function names."""
+    from rlvr.rewards.registry import known_rewards
+
+    return ("Score completions with rlvr's reward functions (one JSON object per completion). Functions: "
+            f"{', '.join(known_rewards())}. `rlvr reward --list` shows each one's parameters, what it scores and "
+            "an example; docs/rewards.md holds the same list.")
 
 
 def _parse_params(args: RewardArgs) -> dict[str, dict[str, Any]]:
@@ -100,15 +116,21 @@ def _rows(args: RewardArgs) -> list[dict[str, Any]]:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{args.input}:{line_no}: not valid JSON ({e})") from e
             if not isinstance(row, dict) or not isinstance(row.get("completion"), str):
                 raise ValueError(f"{args.input}:{line_no}: each row needs a string 'completion'")
-            rows.append(row)
+            rows.append({**row, _LINE: line_no})
     return rows
 
 
+_LINE = "\x00line"  # a row's input line number, kept beside the row while scoring (never written out)
+
+
 def _score(args: RewardArgs, settings: RewardsSettings, rows: list[dict[str, Any]]) -> list[RewardResult]:
-    items = [(r["completion"], {k: v for k, v in r.items() if k not in ("completion", "completion_token_ids")},
+    items = [(r["completion"], {k: v for k, v in r.items() if k not in ("completion", "completion_token_ids", _LINE)},
               r.get("completion_token_ids")) for r in rows]
     if args.num_workers <= 0:
         scorer = RewardScorer(settings)
@@ -121,6 +143,11 @@ def _score(args: RewardArgs, settings: RewardsSettings, rows: list[dict[str, Any
 
 def run_reward(args: RewardArgs) -> int:
     """Score the completions `args` names and print the results (module docstring); returns the exit code."""
+    if args.list_functions:
+        from rlvr.rewards.catalog import catalog_lines
+
+        print("\n".join(catalog_lines()))
+        return 0
     try:
         settings = _settings(args)
         rows = _rows(args)
@@ -131,22 +158,37 @@ def run_reward(args: RewardArgs) -> int:
     if args.output is None:
         for result in results:
             print(json.dumps(result.to_json(), ensure_ascii=False))
-        return 0
+        return _report_failures(args, rows, results)
     with open(args.output, "w", encoding="utf-8") as f:
         for row, result in zip(rows, results):
-            f.write(json.dumps({**row, **result.to_json()}, ensure_ascii=False) + "\n")
+            plain = {k: v for k, v in row.items() if k != _LINE}
+            f.write(json.dumps({**plain, **result.to_json()}, ensure_ascii=False) + "\n")
     totals = [r.total for r in results if r.total is not None]
     corrects = [r.correct for r in results if r.correct is not None]
     print(json.dumps({"rows": len(results), "output": args.output,
                       "mean_total": sum(totals) / len(totals) if totals else None,
                       "correct_rate": sum(corrects) / len(corrects) if corrects else None,
                       "status": dict(Counter(r.status for r in results))}))
-    return 0
+    return _report_failures(args, rows, results)
+
+
+def _report_failures(args: RewardArgs, rows: list[dict[str, Any]], results: list[RewardResult],
+                     max_named: int = 20) -> int:
+    """0 when every row scored; else 2, with the count and the failed rows (first `max_named`) on stderr."""
+    failed = [(row, r) for row, r in zip(rows, results) if r.status != "ok"]
+    if not failed:
+        return 0
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(Counter(r.status for _, r in failed).items()))
+    print(f"rlvr reward: {len(failed)} of {len(results)} rows failed to score ({counts})", file=sys.stderr)
+    for row, r in failed[:max_named]:
+        where = f"{args.input}:{row[_LINE]}" if _LINE in row else "--completion"
+        print(f"  {where}: {r.status}: {r.error}", file=sys.stderr)
+    if len(failed) > max_named:
+        print(f"  ... and {len(failed) - max_named} more (the scored rows say which)", file=sys.stderr)
+    return 2
 
 
 def main() -> None:
-    import tyro
-
     sys.exit(run_reward(tyro.cli(RewardArgs)))
 
 

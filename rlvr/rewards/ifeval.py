@@ -220,6 +220,13 @@ def constraint_types() -> list[str]:
     return sorted(_CHECKERS)
 
 
+def constraint_arguments(name: str) -> list[str]:
+    """The keyword arguments a constraint type takes (IFEval's names), for `rlvr reward --list`."""
+    import inspect
+
+    return list(inspect.signature(_CHECKERS[name]).parameters)[1:]
+
+
 def parse_constraints(spec: Any) -> list[dict[str, Any]]:
     """Normalise a constraint spec (module docstring) to a list of {"type": ..., **kwargs} dicts."""
     if isinstance(spec, str):
