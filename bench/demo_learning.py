@@ -13,7 +13,9 @@ gain = eval reward at the last step - eval reward at step 0; pass@1 = at the las
 (pass@1 >= 0.5) and max_wall_s < 600 on 2 cores. `bench/gpu_learning.py --device cpu` runs the same demo and
 prints one line per seed in the GPU bench's format.
 
-Run: python bench/demo_learning.py [--seeds 0 1 2] [--output-dir DIR]   (1.5-2 minutes a seed on 2 CPU cores)
+Run: python bench/demo_learning.py [--seeds 0 1 2] [--output-dir DIR] [-- RLVR TRAIN FLAGS]   (1.5-2 minutes a
+seed on 2 CPU cores). Flags after `--` change the demo's config the way `rlvr train` takes them, e.g. the LoRA demo:
+python bench/demo_learning.py -- --learner.lora-rank 8 --learner.lr 1e-2; they are echoed as "flags".
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ from pathlib import Path
 from typing import Any
 
 
-def run_seed_inprocess(seed: int, output_dir: str) -> int:
-    """Train the default config with `seed` into `output_dir`/seed<seed> (in this process)."""
-    from rlvr import load_config, train
+def run_seed_inprocess(seed: int, output_dir: str, flags: list[str] | None = None) -> int:
+    """Train the default config (with `rlvr train` flags applied) with `seed` into `output_dir`/seed<seed>."""
+    from rlvr import train
+    from rlvr.cli import parse_train_args
+    from rlvr.config import from_dict, validate
 
-    cfg = load_config(overrides={
+    cfg = validate(from_dict(base=parse_train_args(list(flags or [])).experiment, data={
         "seed": seed,
         "checkpoint": {"output_dir": output_dir, "save_final": False, "resume": "never"},
         "logging": {"run_name": f"seed{seed}", "console_progress": False, "wandb_mode": "off"},
-    })
+    }))
     return train(cfg)
 
 
@@ -51,10 +55,11 @@ def read_curve(run_dir: Path) -> list[list[float]]:
     return [[s, round(curve[s][0], 4), round(curve[s][1], 4)] for s in sorted(curve)]
 
 
-def run_seed(seed: int, output_dir: str | Path) -> dict[str, Any]:
+def run_seed(seed: int, output_dir: str | Path, flags: list[str] | None = None) -> dict[str, Any]:
     """One seed in a fresh subprocess: {"curve", "gain", "wall_s", "rc"}."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--one-seed", str(seed), "--output-dir", str(output_dir)],
+    proc = subprocess.run([sys.executable, __file__, "--one-seed", str(seed), "--output-dir", str(output_dir),
+                           "--", *(flags or [])],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -71,15 +76,18 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--output-dir", default=None, help="parent of the run directories (default: a temp dir)")
     ap.add_argument("--one-seed", type=int, default=None, help=argparse.SUPPRESS)  # the per-seed subprocess
-    args = ap.parse_args()
+    argv = sys.argv[1:]
+    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if args.one_seed is not None:
-        sys.exit(run_seed_inprocess(args.one_seed, args.output_dir))
+        sys.exit(run_seed_inprocess(args.one_seed, args.output_dir, flags))
     out = args.output_dir or tempfile.mkdtemp(prefix="rlvr-demo-learning-")
-    results = {s: run_seed(s, out) for s in args.seeds}
+    results = {s: run_seed(s, out, flags) for s in args.seeds}
     gains = {str(s): r["gain"] for s, r in results.items()}
     walls = {str(s): r["wall_s"] for s, r in results.items()}
     print(json.dumps({
         "seeds": args.seeds,
+        "flags": flags,
         "curves": {str(s): r["curve"] for s, r in results.items()},
         "gains": gains,
         "mean_gain": round(sum(gains.values()) / len(gains), 4),

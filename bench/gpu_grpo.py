@@ -15,6 +15,15 @@ need more GPUs than the machine has are reported as skipped. Extra lanes:
   without Ray/vLLM start-up, plus an attention probe at the pack length.
 On a machine with >= 2 GPUs the standalone + learner lane runs on the last GPU while `colocate1` runs on GPU 0.
 
+Full fine-tuning vs LoRA (issue 20): `--lora-compare R` runs every configuration a second time with
+`--learner.lora-rank R --learner.lora-alpha 2R --learner.lr --lora-lr` and ends with one `full_vs_lora` line per
+configuration: weight-sync cycle, learner send, engine load, bytes, step time (wall and time/step), train time, and
+peak GPU memory per GPU (nvidia-smi's memory.used sampled every 0.5 s during each run: learner and engine together
+where they share a GPU). Every run records `peak_mem_gib` the same way. The 1.5B comparison on one GPU:
+
+    python3 bench/gpu_grpo.py --shape qwen2.5-1.5b --configs colocate1 --lanes none --steps 6 --lora-compare 16 \
+        --extra "--rollout.colocate-sleep False" --out $OUT
+
 Every rlvr run is `python3 -m rlvr.cli train` in its own process group with RLVR_IGNORE_EOS=1 (fixed workload:
 every completion runs to max-new-tokens), filter-zero-variance off, eval off, checkpoints off; each is killed
 (SIGTERM, then SIGKILL) at its share of `--budget-s`, and whatever steps it logged are still reported.
@@ -44,6 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from gpu_learner import BEFORE, emit, mfu, model_facts, peak_for, rnd, run_variants  # noqa: E402  (same directory)
+
+from rlvr.data.shaped_models import SHAPES  # noqa: E402  (no torch at import)
 DEFAULT_LEARNER_VARIANTS = ";".join([f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"])
 
 
@@ -95,10 +106,48 @@ def gpu_env(gpus: list[int]) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- subprocess guard
-def run_guarded(cmd: list[str], env: dict[str, str], timeout_s: float, log_path: Path) -> dict[str, Any]:
-    """Run in its own session; on timeout SIGTERM the group, then SIGKILL it 15 s later."""
+class PeakMemory:
+    """Peak nvidia-smi memory.used (GiB) per GPU index while running: a thread samples every `every_s`."""
+
+    def __init__(self, gpus: list[int], every_s: float = 0.5) -> None:
+        self.gpus, self.every_s, self.peak = gpus, every_s, {g: 0.0 for g in gpus}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        for line in out.splitlines():
+            idx, _, used = line.partition(",")
+            if idx.strip().isdigit() and int(idx) in self.peak:
+                self.peak[int(idx)] = max(self.peak[int(idx)], float(used) / 1024)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def result(self) -> dict[str, float]:
+        return {str(g): round(v, 2) for g, v in self.peak.items()}
+
+
+def run_guarded(cmd: list[str], env: dict[str, str], timeout_s: float, log_path: Path,
+                gpus: list[int] | None = None) -> dict[str, Any]:
+    """Run in its own session; on timeout SIGTERM the group, then SIGKILL it 15 s later. With `gpus`, the result
+    has `peak_mem_gib` ({gpu index: peak memory.used in GiB while it ran})."""
     t0 = time.time()
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, PeakMemory(gpus or []) as mem:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = False
         try:
@@ -106,7 +155,10 @@ def run_guarded(cmd: list[str], env: dict[str, str], timeout_s: float, log_path:
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
-    return {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.time() - t0, 1)}
+    out = {"rc": proc.returncode, "timed_out": timed_out, "wall_s": round(time.time() - t0, 1)}
+    if gpus:
+        out["peak_mem_gib"] = mem.result()
+    return out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -223,7 +275,7 @@ def run_config(a: argparse.Namespace, c: dict[str, Any], gpus: list[int], model_
         rec["cmd"] = "CUDA_VISIBLE_DEVICES=%s RLVR_IGNORE_EOS=1 %s" % (",".join(map(str, gpus)), shlex.join(cmd))
         rec["flags_ok"] = check_flags(argv)
         return rec
-    res = run_guarded(cmd, gpu_env(gpus), timeout_s, out_dir / f"{run_name}.log")
+    res = run_guarded(cmd, gpu_env(gpus), timeout_s, out_dir / f"{run_name}.log", gpus)
     rec.update(res)
     mpath = Path(a.runs_dir) / run_name / "metrics.jsonl"
     rows = []
@@ -356,7 +408,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="colocate1,split2_async0,split2_async1")
     p.add_argument("--lanes", default="standalone,learner", help="extra lanes: standalone, learner (or 'none')")
-    p.add_argument("--shape", default="qwen2.5-0.5b", choices=["qwen2.5-0.5b", "qwen2.5-1.5b"])
+    p.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
+    p.add_argument("--lora-compare", type=int, default=0, metavar="RANK",
+                   help="run every config again with LoRA of this rank and print full_vs_lora lines (0: off)")
+    p.add_argument("--lora-lr", type=float, default=1e-5, help="learning rate of the --lora-compare runs")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--prompts-per-step", type=int, default=32)
@@ -401,6 +456,10 @@ def main() -> int:
         head, _, flags = item.partition("=")
         cname, _, tag = head.partition(":")
         extra_runs.append((parse_config(cname.strip()), tag.strip() or "extra", flags))
+    if a.lora_compare:
+        r = a.lora_compare
+        extra_runs += [(c, f"lora_r{r}", f"--learner.lora-rank {r} --learner.lora-alpha {2 * r} --learner.lr {a.lora_lr}")
+                       for c in configs]
     names = gpu_names()
     num_gpus = len(names) if names else (0 if not a.dry_run else 2)
     card = names[0] if names else "unknown"
@@ -414,7 +473,7 @@ def main() -> int:
         build_shaped_model_dir(a.shape, list(builtin_corpus("copy4")), model_dir, 0)  # run.py's corpus and seed
         facts = model_facts(model_dir)
     else:
-        from rlvr.data.shaped_models import SHAPES, VOCAB_SIZE  # no torch needed for the arithmetic
+        from rlvr.data.shaped_models import VOCAB_SIZE  # no torch needed for the arithmetic
 
         s = SHAPES[a.shape]
         facts = model_facts_from(s, VOCAB_SIZE)
@@ -487,11 +546,27 @@ def main() -> int:
         if isinstance(k, tuple) and k[1] != "base":
             summary[f"{k[0]}:{k[1]}.tokens_per_s_per_gpu"] = r.get("tokens_per_s_per_gpu")
             summary[f"{k[0]}:{k[1]}.learner_mfu"] = r.get("learner_mfu")
+    for (name, tag), r in [(k, v) for k, v in results.items() if isinstance(k, tuple) and k[1].startswith("lora_r")]:
+        full = base.get(name)
+        if full is not None:
+            emit({"kind": "full_vs_lora", "config": name, "shape": a.shape, "card": card, "lora": tag,
+                  "full": side(full), tag: side(r)}, jl)
+            summary[f"{name}:{tag}.sync_cycle_s"] = (r.get("weight_sync") or {}).get("cycle_s")
     lb = [r for r in results.get("learner", []) if r.get("kind") == "learner_microbench" and "mfu" in r]
     if lb:
         summary["learner_microbench_mfu"] = {r["variant"]: r["mfu"] for r in lb}
     emit(summary, jl)
     return 0
+
+
+def side(r: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures for the full_vs_lora line."""
+    ws = r.get("weight_sync") or {}
+    return {"sync_cycle_s": ws.get("cycle_s"), "learner_send_s": ws.get("learner_send_s"),
+            "engine_load_s_max": ws.get("engine_load_s_max"), "sync_gb": ws.get("gb"),
+            "step_wall_s": r.get("step_wall_s"), "time_step_s": r.get("time_step_s"),
+            "train_s": (r.get("phase_s") or {}).get("train"), "peak_mem_gib_per_gpu": r.get("peak_mem_gib"),
+            "steps_measured": r.get("steps_measured"), "rc": r.get("rc"), "timed_out": r.get("timed_out")}
 
 
 def model_facts_from(shape: dict[str, Any], vocab: int) -> dict[str, Any]:

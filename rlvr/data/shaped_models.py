@@ -1,4 +1,4 @@
-"""Random-weight models with the exact shapes of real ones (`builtin:qwen2.5-0.5b`, `builtin:qwen2.5-1.5b`).
+"""Random-weight models with the exact shapes of real ones (`builtin:qwen2.5-0.5b`, `-1.5b`, `-7b`).
 
 For GPU tests and benchmarks without a model hub: the config is Qwen2.5's (hidden size, layers, heads, KV heads,
 intermediate size, 151,936-token vocabulary, tied embeddings for 0.5B), the weights are random (seeded), and
@@ -18,6 +18,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                          intermediate_size=4864, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                          intermediate_size=8960, tie_word_embeddings=True),
+    # untied head like the real 7B (whose vocabulary is 152,064; this one keeps the shared 151,936): 7.6B parameters,
+    # too many for full fine-tuning on one 80 GB GPU, the LoRA bench's single-GPU shape (configs/gpu-lora-7b.yaml)
+    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       intermediate_size=18944, tie_word_embeddings=False),
 }
 VOCAB_SIZE = 151936
 EOS = "<|endoftext|>"
