@@ -132,7 +132,7 @@ class RewardFunctionConfig:
     """One reward function applied to every completion."""
 
     name: str = "math"
-    """Registered reward name (see `rlvr reward --help` for the list) or an import path `pkg.mod:fn`."""
+    """Registered reward name (`rlvr reward --list` shows each with its params) or an import path `pkg.mod:fn`."""
     weight: float = 1.0
     """Weight in the total reward sum."""
     params: dict[str, float | int | str | bool] = field(default_factory=dict)
@@ -144,7 +144,8 @@ class RewardsConfig:
     """Reward functions and the verifier pool."""
 
     functions: list[RewardFunctionConfig] = field(default_factory=list)
-    """Functions applied to every completion, besides the verifiers routed per row."""
+    """Functions applied to every completion, besides the verifiers routed per row. On the command line:
+    `--rewards.functions NAME[,weight=W][,PARAM=VALUE]...` (one item per function)."""
     verifier_column: str = "verifier"
     """Dataset column naming each row's verifier(s) (open-instruct style routing)."""
     primary: str | None = None
@@ -364,6 +365,8 @@ class LoggingConfig:
     """wandb entity (team)."""
     samples_every_n_steps: int = 1
     """Write sampled completions to samples.jsonl every N steps (0 = never)."""
+    wandb_table_every_n_steps: int = 25
+    """Log a wandb table of sampled completions every N steps (0 = never); metrics go to wandb every step."""
     num_logged_samples: int = 4
     """Completions written per logging step."""
 
@@ -377,8 +380,6 @@ class ExperimentConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
-    wandb_table_every_n_steps: int = 25
-    """Log a wandb table of sampled completions every N steps (0 = never); metrics go to wandb every step."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
