@@ -29,15 +29,30 @@ SUBCOMMANDS: dict[str, str] = {
 
 @dataclasses.dataclass
 class TrainCommand:
-    """Train a policy with GRPO-family RL from verifiable rewards.
-
-    With no arguments this runs the built-in tiny CPU demo (configs/tiny-cpu.yaml)."""
+    """Train a policy with GRPO-family RL from verifiable rewards."""
 
     experiment: Annotated[ExperimentConfig, tyro.conf.arg(name="")]
     config: str | None = None
-    """YAML preset to start from (e.g. configs/gpu-2x.yaml); flags given here override it."""
+    """YAML preset to start from (e.g. configs/gpu-2x.yaml); flags given here override it. Without one, the
+    demo preset (configs/tiny-cpu.yaml, built in) is the base."""
     dry_run: bool = False
-    """Print the resolved config as YAML and exit without training (a bare `--dry-run` means True)."""
+    """Print the resolved config as YAML and exit without training."""
+    reward_functions: Annotated[list[str] | None, tyro.conf.arg(name="rewards.functions")] = None
+    """Reward functions applied to every completion, replacing the config's `rewards.functions`: items
+    `NAME[,weight=W][,PARAM=VALUE]...`, e.g. `--rewards.functions math soft_overlong,weight=0.5,max_tokens=512`
+    (`rlvr reward --list` shows the names and params)."""
+
+
+def train_description(with_config: bool) -> str:
+    """`rlvr train --help`'s text: which defaults the flags show, and what the demo preset changes."""
+    from rlvr.config.presets import DEMO_PRESET, demo_flags
+
+    if with_config:
+        return f"{TrainCommand.__doc__}\n\nDefaults shown are the values of the --config file."
+    return (f"{TrainCommand.__doc__}\n\nDefaults shown are the code defaults: what a config file gets for any field "
+            f"it leaves out (the README's config reference lists the same). `rlvr train` without --config runs "
+            f"the demo preset {DEMO_PRESET} (built in; a tiny model learns a copy task on CPU), which is these "
+            f"defaults plus: {demo_flags()}")
 
 
 def _extract_config_path(argv: list[str]) -> str | None:
@@ -49,23 +64,23 @@ def _extract_config_path(argv: list[str]) -> str | None:
     return None
 
 
-def _expand_dry_run(argv: list[str]) -> list[str]:
-    """Booleans take explicit values (`--rollout.active-sampling True`); a bare `--dry-run` means True."""
-    out = []
-    for i, arg in enumerate(argv):
-        out.append(arg)
-        if arg == "--dry-run" and (i + 1 == len(argv) or argv[i + 1] not in ("True", "False", "true", "false")):
-            out.append("True")
-    return out
-
-
 def parse_train_args(argv: list[str]) -> TrainCommand:
-    """Parse `rlvr train` arguments into a validated command (raises ConfigError on bad input)."""
-    argv = _expand_dry_run(argv)
+    """Parse `rlvr train` arguments into a validated command (raises ConfigError on bad input). The base is the
+    --config file, else the demo preset; `--help` without --config shows the code defaults."""
+    from rlvr.cli_flags import parse, reward_function_spec
+
     path = _extract_config_path(argv)
-    base = from_dict(read_yaml(path)) if path and path != "None" else default_config()
-    cmd = tyro.cli(TrainCommand, default=TrainCommand(experiment=base, config=path), args=argv,
-                   prog="rlvr train", description=TrainCommand.__doc__, config=(tyro.conf.FlagConversionOff,))
+    path = path if path and path != "None" else None
+    helping = any(a in ("-h", "--help") for a in argv)
+    base = from_dict(read_yaml(path)) if path else ExperimentConfig() if helping else default_config()
+    cmd = parse(TrainCommand, argv, "rlvr train", train_description(path is not None),
+                default=TrainCommand(experiment=base, config=path))
+    if cmd.reward_functions is not None:
+        try:
+            specs = [reward_function_spec(item) for item in cmd.reward_functions]
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        cmd.experiment = from_dict({"rewards": {"functions": specs}}, base=cmd.experiment)
     validate(cmd.experiment)
     return cmd
 
@@ -82,6 +97,11 @@ def _train(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"rlvr train: config error: {e}", file=sys.stderr)
         return 2
+    if cmd.config is None:
+        from rlvr.config.presets import DEMO_PRESET
+
+        print(f"rlvr train: no --config given: running the demo preset ({DEMO_PRESET}); `rlvr train --help` "
+              "lists what it changes from the defaults", file=sys.stderr)
     if cmd.dry_run:
         sys.stdout.write(to_yaml(cmd.experiment))
         return 0
@@ -107,10 +127,11 @@ def _not_implemented(name: str, issue: int) -> Callable[[list[str]], int]:
 
 def _reward(argv: list[str]) -> int:
     try:
+        from rlvr.cli_flags import parse
         from rlvr.rewards.cli import RewardArgs, help_description, run_reward
     except ImportError:
         return _not_implemented("reward", 4)(argv)
-    args = tyro.cli(RewardArgs, args=argv, prog="rlvr reward", description=help_description())
+    args = parse(RewardArgs, argv, "rlvr reward", help_description())
     return run_reward(args)
 
 

@@ -53,3 +53,37 @@ def default_config() -> ExperimentConfig:
         num_steps=400,
         seed=0,
     )
+
+
+DEMO_PRESET = "configs/tiny-cpu.yaml"
+"""The file equal to `default_config()` (a test keeps them equal)."""
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "params":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def demo_changes() -> dict[str, object]:
+    """Dotted field -> value for every field where the demo preset differs from the code defaults."""
+    import dataclasses
+
+    demo, code = _flat(dataclasses.asdict(default_config())), _flat(dataclasses.asdict(ExperimentConfig()))
+    return {k: v for k, v in demo.items() if code.get(k) != v}
+
+
+def demo_flags() -> str:
+    """The demo preset as flags over the code defaults: `--learner.lr 0.001 --num-steps 400 ...`."""
+    def flag(key: str) -> str:
+        *sections, name = key.split(".")
+        return "--" + ".".join(sections + [name.replace("_", "-")])
+
+    def value(v: object) -> str:
+        return " ".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    return " ".join(f"{flag(k)} {value(v)}" for k, v in demo_changes().items())

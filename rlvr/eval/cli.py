@@ -21,8 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import tyro
-
+from rlvr.cli_flags import parse
 from rlvr.config import ExperimentConfig, default_config, from_dict, read_yaml
 
 
@@ -168,7 +167,7 @@ def run_eval(args: EvalArgs) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     """`rlvr eval` entry point."""
-    args = tyro.cli(EvalArgs, args=argv, prog="rlvr eval", description=EvalArgs.__doc__)
+    args = parse(EvalArgs, argv, "rlvr eval", EvalArgs.__doc__)
     try:
         result = run_eval(args)
     except (ValueError, RuntimeError, OSError) as e:

@@ -26,6 +26,7 @@ from typing import Annotated
 
 import tyro
 
+from rlvr.cli_flags import parse
 from rlvr.config import ConfigError, ExperimentConfig, check_resources, to_yaml
 
 JOB_EXIT_STOPPED = 130
@@ -56,8 +57,7 @@ class LaunchArgs:
 
 
 def _split_argv(argv: list[str]) -> tuple[LaunchArgs, list[str]]:
-    args, rest = tyro.cli(LaunchArgs, args=argv, prog="rlvr launch", description=LaunchArgs.__doc__,
-                          return_unknown_args=True)
+    args, rest = parse(LaunchArgs, argv, "rlvr launch", LaunchArgs.__doc__, return_unknown_args=True)
     return args, list(rest)
 
 

@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 import tyro
 
+from rlvr.cli_flags import parse
 from rlvr.config import ConfigError, ExperimentConfig, default_config, from_dict, read_yaml
 from rlvr.orchestration.specs import DEFAULT_IMAGE, JobRequest, render
 
@@ -119,7 +120,7 @@ def submit_command(scheduler: str, path: str, req: JobRequest) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """`rlvr submit SCHEDULER [flags]`; returns the scheduler CLI's exit status (2 for usage errors)."""
-    args = tyro.cli(SubmitArgs, args=argv, prog="rlvr submit", description=SubmitArgs.__doc__)
+    args = parse(SubmitArgs, argv, "rlvr submit", SubmitArgs.__doc__)
     try:
         req = build_request(args)
     except (ConfigError, OSError) as e:

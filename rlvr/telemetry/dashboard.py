@@ -261,9 +261,9 @@ class DashboardArgs:
 
 def main(argv: list[str]) -> int:
     """`rlvr dashboard` entry point."""
-    import tyro
+    from rlvr.cli_flags import parse
 
-    args = tyro.cli(DashboardArgs, args=argv, prog="rlvr dashboard", description=DashboardArgs.__doc__)
+    args = parse(DashboardArgs, argv, "rlvr dashboard", DashboardArgs.__doc__)
     if not args.run_dirs:
         print("rlvr dashboard: give at least one run directory", file=sys.stderr)
         return 2
