@@ -10,6 +10,8 @@ Tasks:
   prompt, which a tiny random-init model can discover by RL in a few hundred steps; a random model still
   earns ~0.2 per position by chance. Scored by `copy_reward`.
 - `arith`: single-digit addition ("3+4=" -> "7"), scored by the same `copy_reward` (verifier "copy").
+- `arith-l1` ... `arith-l5` and `word-problems`: math questions for real (chat) models with `\\boxed{}` answers,
+  scored by the `math` verifier (`rlvr.data.math_tasks`).
 
 Invariants:
 - Train and test splits are disjoint: every task item (string or operand pair) belongs to exactly one split,
@@ -28,6 +30,8 @@ import itertools
 import random
 from typing import Any
 
+from rlvr.data.math_tasks import MATH_TASKS, math_rows
+
 COPY_ALPHABET = "abcdef"
 """Small alphabet: a random model hits the right character often enough to get partial credit."""
 COPY_MIN_LEN = 3
@@ -36,7 +40,7 @@ COPY4_ALPHABET = "abcde"
 COPY4_LEN = 4
 COPY_VERIFIER = "copy"
 """Verifier name the built-in tasks route to (the rewards registry maps it to `copy_reward`)."""
-BUILTIN_TASKS: tuple[str, ...] = ("copy", "copy4", "arith")
+BUILTIN_TASKS: tuple[str, ...] = ("copy", "copy4", "arith", *MATH_TASKS)
 """Names accepted after `builtin:`."""
 
 _TEST_SEED = 1234567
@@ -108,6 +112,8 @@ def builtin_rows(name: str, split: str, num_rows: int, seed: int) -> list[dict[s
     rng = random.Random(_TEST_SEED if split == "test" else (seed * 1_000_003 + 17))
     if name in ("copy", "copy4"):
         return _copy_rows(split, num_rows, rng, name)
+    if name in MATH_TASKS:
+        return math_rows(name, split, num_rows, rng)
     return _arith_rows(split, num_rows, rng)
 
 
@@ -117,6 +123,10 @@ def builtin_corpus(name: str) -> list[str]:
     Deterministic. Covers every character a row of either split can contain, so each is one token.
     """
     _check(name, "train")
+    if name in MATH_TASKS:
+        rows = math_rows(name, "train", 300, random.Random(_TEST_SEED + 1))
+        text = [row["prompt"] + " " + row["ground_truth"] for row in rows] + [r"\boxed{}"]
+        return sorted({ch for line in text for ch in line}) + text
     if name in ("copy", "copy4"):
         chars = list(_copy_spec(name)[0]) + ["="]
     else:

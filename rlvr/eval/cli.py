@@ -75,7 +75,9 @@ def resolve_config(args: EvalArgs) -> ExperimentConfig:
     """The experiment config that drives requests and scoring: base config + these flags (module docstring)."""
     base_path = args.config or run_config_for(args.model)
     cfg = from_dict(read_yaml(str(base_path))) if base_path else default_config()
-    cfg.model.path = args.model
+    from rlvr.models import resolve_model_path
+
+    cfg.model.path = resolve_model_path(args.model)  # builtin:<pretrained name> -> its fetched directory
     cfg.model.tokenizer_path = None
     if args.dataset:
         cfg.eval.datasets = list(args.dataset)

@@ -4,6 +4,6 @@
   (`rlvr models fetch smollm2-135m-instruct`; `--model.path builtin:smollm2-135m-instruct` then uses it).
 """
 
-from rlvr.models.pretrained import PRETRAINED, fetch_model, is_pretrained, resolve_model_path
+from rlvr.models.pretrained import PRETRAINED, FetchError, fetch_model, is_pretrained, model_dir, resolve_model_path
 
-__all__ = ["PRETRAINED", "fetch_model", "is_pretrained", "resolve_model_path"]
+__all__ = ["PRETRAINED", "FetchError", "fetch_model", "is_pretrained", "model_dir", "resolve_model_path"]

@@ -49,7 +49,12 @@ class Actors:
 
 
 def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
-    """The HF directory every actor loads: the user's path, or the built-in tiny model written once."""
+    """The HF directory every actor loads: the user's path, a fetched pretrained model (`builtin:<name>`, see
+    `rlvr models list`), or a built-in random-weight model written once."""
+    from rlvr.models import is_pretrained, resolve_model_path
+
+    if is_pretrained(cfg.model.path):
+        return resolve_model_path(cfg.model.path)
     if cfg.model.path.startswith("builtin:") and cfg.model.path != "builtin:tiny":
         from rlvr.data import builtin_corpus
         from rlvr.data.shaped_models import build_shaped_model_dir

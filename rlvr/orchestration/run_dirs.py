@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.config import ExperimentConfig
+from rlvr.models import is_pretrained, model_dir
 from rlvr.orchestration.checkpoint import FRESH_START_HINT, CheckpointError, RunDir, write_json
 from rlvr.telemetry.logs import get_logger
 
@@ -178,11 +179,15 @@ def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:
 
             shape["vocab_size"] = len(build_tokenizer(corpus, m.tiny_vocab_size))
         return shape
-    if m.path.startswith("builtin:"):
+    if is_pretrained(m.path):
+        path = model_dir(m.path.split(":", 1)[1])
+    elif m.path.startswith("builtin:"):
         from rlvr.data.shaped_models import SHAPES
 
         return dict(SHAPES.get(m.path.split(":", 1)[1], {}))
-    config_json = Path(m.path) / "config.json"
+    else:
+        path = Path(m.path)
+    config_json = path / "config.json"
     try:
         return json.loads(config_json.read_text()) if config_json.is_file() else {}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
