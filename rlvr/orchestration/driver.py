@@ -446,7 +446,7 @@ class Trainer:
             if groups:
                 break
             if self.feeder.exhausted and not self.feeder.busy and not self.pending:
-                logger.info("training data exhausted at step %d", self.step)
+                logger.warning("training data exhausted at step %d (%s)", self.step, source_drops(self.feeder.stream))
                 return None
             logger.warning("step %d: no informative group among the resolved prompts; collecting again", self.step + 1)
             self.budget += self.cfg.rollout.prompts_per_step  # another round of this step's worth

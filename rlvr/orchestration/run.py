@@ -74,8 +74,8 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
 
     corpus = tiny_model_corpus(cfg)  # the same text check_compatible derives the vocabulary size from
     if not corpus:
-        raise ValueError("--model.path builtin:tiny trains its tokenizer on a built-in task's text: add a "
-                         "`builtin:<task>` dataset or give a real model path")
+        raise ValueError("--model.path builtin:tiny trains its tokenizer on the datasets' text, and hub datasets "
+                         "are not read for it: give a local dataset file, a `builtin:<task>`, or a real model path")
     return str(build_tiny_model_dir(cfg.model, corpus, run_dir.path("builtin_model"), cfg.seed))
 
 

@@ -158,12 +158,11 @@ def select_run_dir(cfg: ExperimentConfig) -> RunDir:
 
 
 def tiny_model_corpus(cfg: ExperimentConfig) -> list[str]:
-    """The text the `builtin:tiny` tokenizer is trained on: the built-in tasks among the train and eval datasets
-    (empty when there is none)."""
-    from rlvr.data import builtin_corpus
+    """The text the `builtin:tiny` tokenizer is trained on: the built-in tasks and local dataset files among the
+    train and eval datasets (`rlvr.data.corpus`; empty when there is none)."""
+    from rlvr.data.corpus import tiny_corpus
 
-    tasks = [d.split(":", 1)[1] for d in cfg.data.datasets + cfg.eval.datasets if d.startswith("builtin:")]
-    return [line for t in dict.fromkeys(tasks) for line in builtin_corpus(t)]
+    return tiny_corpus(cfg)
 
 
 def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:

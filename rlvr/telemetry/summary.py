@@ -52,7 +52,7 @@ def summary_lines(run_dir: Path, step: int, elapsed_s: float, final: dict[str, f
     ev = last_record(run_dir / "eval.jsonl")
     lines = [f"rlvr train: finished at step {step} in {elapsed_s:.0f} s",
              f"  run dir      {run_dir}",
-             f"  checkpoint   {ckpt if ckpt is not None else 'none written (--checkpoint.save-final False)'}",
+             f"  checkpoint   {ckpt if ckpt is not None else 'none written'}",
              f"  train        reward {_num(final.get('reward/total_mean'))}"]
     if ev is not None:
         n = ev.get("eval/num_prompts")

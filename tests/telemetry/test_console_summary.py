@@ -109,7 +109,7 @@ def test_summary_without_checkpoint_or_eval(tmp_path: Path) -> None:
     lines = summary_lines(run, 5, 12.4, {"reward/total_mean": 0.25})
     text = "\n".join(lines)
     assert lines[0] == "rlvr train: finished at step 5 in 12 s"
-    assert "checkpoint   none written (--checkpoint.save-final False)" in text
+    assert "checkpoint   none written" in text
     assert "train        reward 0.250" in text and "final eval   none" in text
     assert "rlvr eval" not in text and f"rlvr dashboard {run}" in text
 
