@@ -3,6 +3,13 @@
 Pure functions from a `JobRequest` to the text of a spec (YAML or an sbatch script); `rlvr submit` writes
 and submits them. The output is deterministic (no timestamps, stable key order), so golden files pin it.
 
+Storage: `--mount KIND:SOURCE:TARGET` puts a volume at TARGET in every node's container: `pvc` (a Kubernetes
+PersistentVolumeClaim), `host` (a directory of the node: Kubernetes hostPath, Beaker hostPath, a pyxis container
+mount on Slurm), `beaker` (a Beaker dataset). The run directory (`checkpoint.output_dir`, relative to the image's
+/opt/rlvr) must be on one of them or it dies with the pod; Beaker keeps `/results`, where its runs go by default.
+Kubernetes containers request CPUs and memory; Slurm jobs get SIGTERM `signal_lead_s` before their time limit
+(`#SBATCH --signal`), which rlvr answers with a checkpoint (exit 75). No YAML anchors are emitted.
+
 Every spec runs one task per node. Except under KubeRay (whose operator starts Ray in each pod and runs
 the entrypoint itself), each node runs `scripts/ray_node_setup.sh`, which finds the leader from the
 scheduler's environment: Beaker's leader selection (BEAKER_LEADER_REPLICA_HOSTNAME), the indexed Job's
@@ -26,6 +33,46 @@ IMAGE_WORKDIR = "/opt/rlvr"
 NODE_SETUP = "scripts/ray_node_setup.sh"
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
+
+
+MOUNT_KINDS = {"beaker": ("host", "beaker"), "k8s": ("pvc", "host"), "slurm": ("host",)}
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A volume at `target` in every node's container (module docstring)."""
+
+    kind: str
+    source: str
+    target: str
+
+
+def parse_mount(item: str, scheduler: str) -> Mount:
+    """`KIND:SOURCE:TARGET` (a PVC name, a node directory or a Beaker dataset; TARGET absolute); ValueError names
+    the item and what the scheduler takes."""
+    kinds = MOUNT_KINDS[scheduler]
+    kind, _, rest = item.partition(":")
+    source, _, target = rest.rpartition(":")
+    forms = ", ".join(f"{k}:SOURCE:/path" for k in kinds)
+    if kind not in kinds or not source or not target.startswith("/"):
+        raise ValueError(f"--mount {item!r}: {scheduler} takes {forms} (an absolute path in the container)")
+    if "," in item:
+        raise ValueError(f"--mount {item!r}: no commas (give one --mount per volume)")
+    if kind == "host" and not source.startswith("/"):
+        raise ValueError(f"--mount {item!r}: a host directory must be an absolute path")
+    if kind == "pvc" and dns_name(source) != source:
+        raise ValueError(f"--mount {item!r}: {source!r} is not a valid claim name (lowercase letters, digits, '-')")
+    return Mount(kind, source, target)
+
+
+def covered(path: str, mounts: list[Mount]) -> bool:
+    """Whether `path` (inside the container) lies on one of the mounts."""
+    return any(path == m.target or path.startswith(m.target.rstrip("/") + "/") for m in mounts)
+
+
+def container_path(path: str) -> str:
+    """Where a config path (relative ones resolve against the image's working directory) is in the container."""
+    return path if path.startswith("/") else f"{IMAGE_WORKDIR}/{path}".rstrip("/")
 
 
 @dataclass
@@ -55,6 +102,14 @@ class JobRequest:
     slurm_time: str | None = None
     slurm_container: bool = False
     """Run each Slurm task in the image through pyxis/enroot (`srun --container-image`)."""
+    mounts: list[Mount] = field(default_factory=list)
+    """Volumes in every node's container (module docstring)."""
+    cpus_per_node: int = 4
+    """CPUs requested per node (Kubernetes requests, Beaker cpuCount)."""
+    memory_gib: int = 16
+    """Memory requested per node in GiB (Kubernetes requests, Beaker memory)."""
+    signal_lead_s: int = 300
+    """Slurm: SIGTERM this many seconds before the time limit (0 = none)."""
 
 
 def dns_name(name: str) -> str:
@@ -76,8 +131,16 @@ def base_env(req: JobRequest) -> dict[str, str]:
     return {"RLVR_NUM_NODES": str(req.num_nodes), "PYTHONUNBUFFERED": "1", **req.env}
 
 
+class _NoAliases(yaml.SafeDumper):
+    """A dumper that writes a shared object out again where it recurs, instead of a YAML anchor and alias
+    (some tools and readers of the manifests do not resolve them)."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
 def _dump(docs: list[dict]) -> str:
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=120)
+    return yaml.dump_all(docs, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=120)
 
 
 # --- Beaker ---------------------------------------------------------------------------------------------
@@ -91,7 +154,8 @@ def beaker_spec(req: JobRequest) -> str:
         "image": {"docker": req.image},
         "command": node_command(req),
         "envVars": env,
-        "resources": {"gpuCount": req.gpus_per_node, "sharedMemory": f"{req.shm_size_gib}GiB"},
+        "resources": {"gpuCount": req.gpus_per_node, "cpuCount": req.cpus_per_node, "memory": f"{req.memory_gib}GiB",
+                      "sharedMemory": f"{req.shm_size_gib}GiB"},
         "context": {"priority": req.beaker_priority},
         "result": {"path": "/results"},
         "hostNetworking": True,
@@ -99,6 +163,9 @@ def beaker_spec(req: JobRequest) -> str:
         "leaderSelection": True,
         "propagateFailure": True,
     }
+    if req.mounts:
+        task["datasets"] = [{"source": {"hostPath" if m.kind == "host" else "beaker": m.source}, "mountPath": m.target}
+                            for m in req.mounts]
     if req.beaker_clusters:
         task["constraints"] = {"cluster": list(req.beaker_clusters)}
     spec: dict = {"version": "v2"}
@@ -120,13 +187,21 @@ def _k8s_env(req: JobRequest, extra: dict[str, str] | None = None) -> list[dict]
 
 
 def _pod_spec(req: JobRequest, container: dict) -> dict:
+    volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{req.shm_size_gib}Gi"}}]
+    mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for i, m in enumerate(req.mounts):
+        source = ({"persistentVolumeClaim": {"claimName": m.source}} if m.kind == "pvc"
+                  else {"hostPath": {"path": m.source, "type": "DirectoryOrCreate"}})
+        volumes.append({"name": f"storage-{i}", **source})
+        mounts.append({"name": f"storage-{i}", "mountPath": m.target})
     container = {"name": container.pop("name"), "image": req.image, "imagePullPolicy": "IfNotPresent",
-                 **container, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+                 **container, "volumeMounts": mounts}
+    requests = {"cpu": str(req.cpus_per_node), "memory": f"{req.memory_gib}Gi"}
+    container["resources"] = {"requests": requests}
     if req.gpus_per_node > 0:
         gpus = str(req.gpus_per_node)
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}}
-    return {"containers": [container],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{req.shm_size_gib}Gi"}}]}
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}, "requests": {**requests, "nvidia.com/gpu": gpus}}
+    return {"containers": [container], "volumes": volumes}
 
 
 def k8s_job_manifests(req: JobRequest) -> str:
@@ -201,6 +276,8 @@ def sbatch_script(req: JobRequest) -> str:
     name = dns_name(req.name)
     lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={req.num_nodes}",
              "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={name}-%j.out"]
+    if req.signal_lead_s > 0:  # every task's setup script passes it to rlvr, which checkpoints and exits 75
+        lines.append(f"#SBATCH --signal=TERM@{req.signal_lead_s}")
     if req.gpus_per_node > 0:
         lines.append(f"#SBATCH --gpus-per-node={req.gpus_per_node}")
     for flag, value in (("partition", req.slurm_partition), ("account", req.slurm_account),
@@ -216,9 +293,23 @@ def sbatch_script(req: JobRequest) -> str:
         lines.append(f"export {var}")
     srun = ["srun", f"--nodes={req.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if req.slurm_container:
-        srun += [f"--container-image={req.image}", f"--container-workdir={IMAGE_WORKDIR}"]
+        srun += [f"--container-image={pyxis_image(req.image)}", f"--container-workdir={IMAGE_WORKDIR}"]
+        if req.mounts:
+            srun.append("--container-mounts=" + ",".join(f"{m.source}:{m.target}" for m in req.mounts))
+    elif req.mounts:
+        raise ValueError("--mount on Slurm needs --slurm-container (without a container the nodes' own "
+                         "filesystems are used as they are)")
     lines.append(shlex.join(srun + node_command(req)))
     return "\n".join(lines) + "\n"
+
+
+def pyxis_image(image: str) -> str:
+    """An image reference in enroot/pyxis form, `REGISTRY#IMAGE` (`ghcr.io/a/b:t` -> `ghcr.io#a/b:t`); images
+    without a registry host (Docker Hub: `ubuntu:24.04`) stay as they are."""
+    head, sep, rest = image.partition("/")
+    if sep and ("." in head or ":" in head or head == "localhost") and "#" not in image:
+        return f"{head}#{rest}"
+    return image
 
 
 def render(scheduler: str, req: JobRequest, k8s_flavor: str = "kuberay") -> str:

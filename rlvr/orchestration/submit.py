@@ -21,8 +21,10 @@ import tyro
 
 from rlvr.cli_flags import parse
 from rlvr.config import ConfigError, ExperimentConfig, default_config, from_dict, read_yaml
-from rlvr.orchestration.specs import DEFAULT_IMAGE, JobRequest, render
+from rlvr.orchestration.specs import (DEFAULT_IMAGE, JobRequest, Mount, container_path, covered, parse_mount,
+                                     render)
 
+_RESULTS = Mount("host", "/results", "/results")  # Beaker keeps the result directory as a dataset
 SUBMIT_CLI = {"beaker": "beaker", "k8s": "kubectl", "slurm": "sbatch"}
 SPEC_SUFFIX = {"beaker": ".beaker.yaml", "k8s": ".k8s.yaml", "slurm": ".sbatch"}
 
@@ -52,6 +54,20 @@ class SubmitArgs:
     WANDB_API_KEY=wandb-key. Slurm has no secret store: the variable must be exported before sbatch."""
     shm_size_gib: int = 64
     """Shared memory (/dev/shm) per node in GiB."""
+    mount: list[str] = dataclasses.field(default_factory=list)
+    """Storage in every node's container, `KIND:SOURCE:TARGET`: `pvc:CLAIM:/opt/rlvr/runs` (Kubernetes),
+    `host:/node/dir:/data` (Kubernetes hostPath, Beaker hostPath, Slurm with --slurm-container),
+    `beaker:DATASET:/data` (Beaker). Put the run directory on one, or checkpoints die with the pod; on several
+    nodes it must be shared storage (a ReadWriteMany claim): the learner writes checkpoints from any node."""
+    output_dir: str | None = None
+    """Run directory parent in the container, added to the default command as --checkpoint.output-dir (default:
+    /results/runs on Beaker, which keeps /results; elsewhere the config's, relative to /opt/rlvr)."""
+    cpus_per_node: int | None = None
+    """CPUs requested per node (Kubernetes, Beaker; default: 8 per GPU, 4 without GPUs)."""
+    memory_gib: int | None = None
+    """Memory requested per node in GiB (Kubernetes, Beaker; default: 32 per GPU, 16 without GPUs)."""
+    signal_lead_s: int = 300
+    """Slurm: SIGTERM every task this many seconds before the time limit, so rlvr checkpoints (0 = off)."""
     k8s_flavor: Literal["kuberay", "job"] = "kuberay"
     """Kubernetes manifest: a KubeRay `RayJob` (needs the KubeRay operator) or an indexed `Job` plus
     headless `Service` (any cluster)."""
@@ -93,19 +109,43 @@ def build_request(args: SubmitArgs) -> JobRequest:
     """The JobRequest for args: defaults from the config's cluster section; raises ConfigError."""
     cfg: ExperimentConfig = from_dict(read_yaml(args.config)) if args.config else default_config()
     stem = os.path.splitext(os.path.basename(args.config))[0] if args.config else "tiny-cpu"
+    output_dir = args.output_dir or ("/results/runs" if args.scheduler == "beaker" else None)
     command = shlex.split(args.command) if args.command else (
-        ["rlvr", "train"] + (["--config", args.config] if args.config else []))
+        ["rlvr", "train"] + (["--config", args.config] if args.config else [])
+        + (["--checkpoint.output-dir", output_dir] if output_dir else []))
     num_nodes = args.num_nodes if args.num_nodes is not None else cfg.cluster.num_nodes
     gpus = args.gpus_per_node if args.gpus_per_node is not None else cfg.cluster.gpus_per_node
     if num_nodes < 1 or gpus < 0:
         raise ConfigError(f"--num-nodes must be >= 1 and --gpus-per-node >= 0 (got {num_nodes}, {gpus})")
+    try:
+        mounts = [parse_mount(item, args.scheduler) for item in args.mount]
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    cpus = args.cpus_per_node if args.cpus_per_node is not None else max(4, 8 * gpus)
+    memory = args.memory_gib if args.memory_gib is not None else max(16, 32 * gpus)
+    if cpus < 1 or memory < 1 or args.signal_lead_s < 0:
+        raise ConfigError("--cpus-per-node and --memory-gib must be >= 1, --signal-lead-s >= 0")
     return JobRequest(
         name=args.name or f"rlvr-{stem}", command=command, num_nodes=num_nodes, gpus_per_node=gpus,
         image=args.image, env=_pairs(args.env, "--env"), secrets=_pairs(args.secret, "--secret"),
         shm_size_gib=args.shm_size_gib, beaker_budget=args.beaker_budget,
         beaker_workspace=args.beaker_workspace, beaker_clusters=list(args.beaker_cluster),
         beaker_priority=args.beaker_priority, k8s_namespace=args.namespace, slurm_partition=args.partition,
-        slurm_account=args.account, slurm_time=args.time, slurm_container=args.slurm_container)
+        slurm_account=args.account, slurm_time=args.time, slurm_container=args.slurm_container, mounts=mounts,
+        cpus_per_node=cpus, memory_gib=memory, signal_lead_s=args.signal_lead_s)
+
+
+def storage_warning(args: SubmitArgs, req: JobRequest) -> str | None:
+    """A warning when the run directory would live only in the container (lost with the pod or node)."""
+    if args.scheduler == "slurm" and not args.slurm_container:
+        return None  # the nodes' own (shared) filesystem
+    cfg_dir = from_dict(read_yaml(args.config)).checkpoint.output_dir if args.config else "runs"
+    runs = container_path(args.output_dir or ("/results/runs" if args.scheduler == "beaker" else cfg_dir))
+    if covered(runs, req.mounts) or (args.scheduler == "beaker" and covered(runs, [_RESULTS])):
+        return None
+    example = {"k8s": "pvc:CLAIM", "slurm": "host:/shared/dir", "beaker": "host:/node/dir"}[args.scheduler]
+    return (f"warning: the run directory {runs} is on no --mount: checkpoints are lost when the job's container "
+            f"goes (add e.g. --mount {example}:{runs})")
 
 
 def submit_command(scheduler: str, path: str, req: JobRequest) -> list[str]:
@@ -126,6 +166,9 @@ def main(argv: list[str]) -> int:
     except (ConfigError, OSError) as e:
         print(f"rlvr submit: {e}", file=sys.stderr)
         return 2
+    warning = storage_warning(args, req)
+    if warning:
+        print(f"rlvr submit: {warning}", file=sys.stderr)
     flavor = args.k8s_flavor
     try:
         text = render(args.scheduler, req, k8s_flavor=flavor)

@@ -29,6 +29,7 @@ CUSTOM = ["--num-nodes", "3", "--gpus-per-node", "4", "--image", "registry.examp
           "NCCL_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=eth0", "--secret", "WANDB_API_KEY=wandb:api-key",
           "HF_TOKEN=hf-token", "--namespace", "research", "--partition", "gpu", "--account", "rl",
           "--time", "24:00:00", "--beaker-cluster", "ai2/jupiter", "--beaker-workspace", "ai2/rlvr",
+          "--mount", "host:/mnt/datasets:/data", "host:/mnt/shared/runs:/opt/rlvr/runs", "--slurm-container",
           "--command", "rlvr train --config configs/gpu-2node.yaml --num-steps 10"]
 
 
@@ -236,3 +237,113 @@ def test_cluster_sbatch_refuses_names_that_would_be_code(flags: list[str], needl
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     assert submit.main(["slurm", *flags, "--dry-run"]) == 2
     assert needle in capsys.readouterr().err
+
+
+# --- storage, requests, signals, pyxis image form, no anchors ---------------------------------------------
+
+def _containers_and_volumes(pod: dict) -> tuple[list[dict], dict[str, dict]]:
+    return pod["containers"], {v["name"]: v for v in pod["volumes"]}
+
+
+def test_cluster_k8s_mounts_pvc_and_host_path_on_every_pod(capsys: pytest.CaptureFixture[str]) -> None:
+    mounts = ["--mount", "pvc:rlvr-runs:/opt/rlvr/runs", "host:/mnt/datasets:/data"]
+    rayjob = yaml.safe_load(_spec(["k8s", "--config", "configs/gpu-2node.yaml"] + mounts, capsys))
+    assert validate_rayjob(rayjob) == []
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+    _, job = yaml.safe_load_all(_spec(["k8s", "--k8s-flavor", "job", "--config", "configs/gpu-2node.yaml"] + mounts,
+                                      capsys))
+    assert _errors(_k8s_validator("job-batch-v1.json"), job) == []
+    pods.append(job["spec"]["template"]["spec"])
+    for pod in pods:
+        (container,), volumes = _containers_and_volumes(pod)
+        where = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+        assert where["/opt/rlvr/runs"]["persistentVolumeClaim"] == {"claimName": "rlvr-runs"}
+        assert where["/data"]["hostPath"] == {"path": "/mnt/datasets", "type": "DirectoryOrCreate"}
+        assert where["/dev/shm"]["emptyDir"]["medium"] == "Memory"
+        assert container["resources"]["requests"] == {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": "8"}
+    assert "warning" not in capsys.readouterr().err  # the run directory (/opt/rlvr/runs) is on the claim
+
+
+def test_cluster_k8s_warns_when_runs_are_on_no_mount(capsys: pytest.CaptureFixture[str]) -> None:
+    assert submit.main(["k8s", "--config", "configs/gpu-2x.yaml", "--mount", "host:/mnt/d:/data", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "the run directory /opt/rlvr/runs is on no --mount" in err and "--mount pvc:CLAIM:/opt/rlvr/runs" in err
+    assert submit.main(["k8s", "--config", "configs/gpu-2x.yaml", "--output-dir", "/ckpt", "--mount",
+                        "pvc:c:/ckpt", "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err and "--checkpoint.output-dir /ckpt" in out
+
+
+def test_cluster_cpu_node_requests(capsys: pytest.CaptureFixture[str]) -> None:
+    rayjob = yaml.safe_load(_spec(["k8s", "--config", "configs/tiny-cpu.yaml", "--cpus-per-node", "6",
+                                   "--memory-gib", "24"], capsys))
+    (container,) = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "6", "memory": "24Gi"}}
+    assert validate_rayjob(rayjob) == []
+
+
+def test_cluster_beaker_results_and_datasets(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = KINDS["beaker"] + ["--config", "configs/gpu-2x.yaml", "--mount", "beaker:ai2/gsm8k-rows:/data",
+                              "host:/net/weka/models:/models"]
+    spec = yaml.safe_load(_spec(argv, capsys))
+    assert _errors(_beaker_validator(), spec) == []
+    (task,) = spec["tasks"]
+    assert task["result"] == {"path": "/results"}
+    assert task["command"][-2:] == ["--checkpoint.output-dir", "/results/runs"]  # runs kept with the result
+    assert task["datasets"] == [{"source": {"beaker": "ai2/gsm8k-rows"}, "mountPath": "/data"},
+                                {"source": {"hostPath": "/net/weka/models"}, "mountPath": "/models"}]
+    assert task["resources"] == {"gpuCount": 2, "cpuCount": 16, "memory": "64GiB", "sharedMemory": "64GiB"}
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_cluster_sbatch_signal_pyxis_image_and_mounts(capsys: pytest.CaptureFixture[str]) -> None:
+    text = _spec(["slurm", "--config", "configs/gpu-2x.yaml", "--slurm-container", "--mount",
+                  "host:/lustre/runs:/opt/rlvr/runs", "--signal-lead-s", "600"], capsys)
+    assert "#SBATCH --signal=TERM@600" in text.splitlines()
+    srun = shlex.split(text.strip().splitlines()[-1])
+    assert "--container-image=ghcr.io#rlvr/rlvr:0.1.0-cu130" in srun
+    assert "--container-mounts=/lustre/runs:/opt/rlvr/runs" in srun
+    text = _spec(["slurm", "--config", "configs/gpu-2x.yaml", "--signal-lead-s", "0"], capsys)
+    assert "--signal" not in text and "--container" not in text
+
+
+@pytest.mark.parametrize("image,pyxis", [("ghcr.io/rlvr/rlvr:0.1.0-cu130", "ghcr.io#rlvr/rlvr:0.1.0-cu130"),
+                                         ("registry.example:5000/a/b:1", "registry.example:5000#a/b:1"),
+                                         ("localhost/rlvr:dev", "localhost#rlvr:dev"),
+                                         ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
+                                         ("ubuntu:24.04", "ubuntu:24.04"), ("rlvr/rlvr:1", "rlvr/rlvr:1")])
+def test_cluster_pyxis_image_form(image: str, pyxis: str) -> None:
+    from rlvr.orchestration.specs import pyxis_image
+
+    assert pyxis_image(image) == pyxis
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["k8s", "--mount", "beaker:ds:/data"], "k8s takes pvc:SOURCE:/path, host:SOURCE:/path"),
+    (["k8s", "--mount", "pvc:Bad_Name:/data"], "not a valid claim name"),
+    (["k8s", "--mount", "host:relative:/data"], "absolute path"),
+    (["beaker", "--mount", "host:/a:relative"], "an absolute path in the container"),
+    (["slurm", "--mount", "host:/a:/b"], "needs --slurm-container"),
+    (["slurm", "--slurm-container", "--mount", "host:/a,b:/c"], "no commas"),
+])
+def test_cluster_bad_mounts_exit_2(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert submit.main(argv + ["--beaker-budget", "ai2/x", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and ("--mount" in err or "slurm-container" in err)
+
+
+@pytest.mark.parametrize("extra", [[], CUSTOM], ids=["default", "custom"])
+@pytest.mark.parametrize("kind", ["beaker", "kuberay", "k8s-job"])
+def test_cluster_specs_have_no_yaml_anchors(kind: str, extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    for preset in PRESETS:
+        text = _spec(KINDS[kind] + ["--config", preset] + extra, capsys)
+        events = list(yaml.parse(text))
+        assert len(events) > 10
+        assert not [e for e in events if isinstance(e, yaml.AliasEvent) or getattr(e, "anchor", None)], preset
+
+
+def test_cluster_anchor_check_is_not_vacuous() -> None:
+    shared = {"a": 1}
+    events = list(yaml.parse(yaml.safe_dump({"x": shared, "y": shared})))
+    assert [e for e in events if isinstance(e, yaml.AliasEvent)]
