@@ -30,7 +30,7 @@ from rlvr.orchestration.rollouts import RolloutFeeder, engine_get, is_stale
 from rlvr.orchestration.stats import eval_metrics, rollout_metrics, sample_records
 from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
 from rlvr.telemetry.logs import CONSOLE, get_logger
-from rlvr.telemetry.metrics import JsonlWriter, Progress, truncate_after_step
+from rlvr.telemetry.run_log import RunLog
 from rlvr.types import Group, PackedBatch, Sample
 
 logger = get_logger(__name__)
@@ -42,7 +42,7 @@ class Trainer:
     def __init__(self, cfg: ExperimentConfig, run_dir: RunDir, actors: Any, stream: Any, eval_requests: list,
                  model_dir: str, pad_token_id: int, wandb: Any = None) -> None:
         self.cfg, self.run_dir, self.actors = cfg, run_dir, actors
-        self.model_dir, self.pad_token_id, self.wandb = model_dir, pad_token_id, wandb
+        self.model_dir, self.pad_token_id = model_dir, pad_token_id
         self.eval_requests = eval_requests
         self.timeout = cfg.cluster.actor_timeout_s
         self.ledger = PromptLedger()
@@ -50,10 +50,7 @@ class Trainer:
                                     cfg.rollout.async_steps, cfg.rollout.timeout_s)
         self.step = 0  # completed training steps == learner policy version
         self.pending: list[Group] = []  # scored groups collected ahead of their step
-        self.metrics_file = JsonlWriter(run_dir.path("metrics.jsonl"))
-        self.eval_file = JsonlWriter(run_dir.path("eval.jsonl"))
-        self.samples_file = JsonlWriter(run_dir.path("samples.jsonl"))
-        self.progress = Progress(cfg.num_steps, cfg.logging.console_progress)
+        self.log = RunLog(run_dir.root, cfg.num_steps, cfg.logging, wandb)
         self.adv_cfg = AdvantageConfig(cfg.algorithm.advantage_scale, cfg.algorithm.advantage_std,
                                        cfg.algorithm.advantage_eps)
         a = cfg.algorithm
@@ -324,10 +321,9 @@ class Trainer:
 
         metrics.update(summarize_groups(glist, ks=default_ks(self.cfg.eval.num_samples))[0])  # same code as `rlvr eval`
         metrics["time/eval"] = time.perf_counter() - ev["t0"]
-        self.eval_file.write({"step": ev["step"], "time": time.time(), **metrics})
-        self.progress.last_eval = metrics.get("eval/reward_mean")
-        if self.wandb is not None and ev["overlapped"]:  # a blocking eval's metrics go out with its step's
-            self.wandb.log(ev["step"], metrics)
+        # a blocking eval's metrics go to wandb with its step's
+        self.log.eval(ev["step"], metrics, sample_records(glist, ev["step"], self.cfg.logging.num_logged_samples),
+                      to_wandb=ev["overlapped"])
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -378,23 +374,9 @@ class Trainer:
         self.ledger.load_state_dict(d["ledger"])
         self.feeder.load_state_dict(d["feeder"])
         self.pending = []  # groups collected ahead of the checkpoint are regenerated (their ids are in flight)
-        for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
-            truncate_after_step(self.run_dir.path(name), self.step)
+        self.log.truncate_after(self.step)
         self.weights.sync(self.step)
         logger.info("resumed from %s at step %d", ckpt, self.step, extra=CONSOLE)
-
-    def _log(self, metrics: dict[str, float], groups: list[Group]) -> None:
-        record = {"step": self.step, "time": time.time(), **metrics}
-        self.metrics_file.write(record)
-        every = self.cfg.logging.samples_every_n_steps
-        if every and self.step % every == 0:
-            for rec in sample_records(groups, self.step, self.cfg.logging.num_logged_samples):
-                self.samples_file.write(rec)
-        if self.wandb is not None:
-            self.wandb.log(self.step, metrics)
-            # a table only when due: its own interval, --logging.wandb-table-every-n-steps
-            self.wandb.log_samples(self.step, sample_records(groups, self.step, self.cfg.logging.num_logged_samples))
-        self.progress.update(self.step, metrics)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict[str, float]:
@@ -402,9 +384,7 @@ class Trainer:
         last: dict[str, float] = {}
         if self.cfg.eval.at_step_0 and self.step == 0:
             last.update(self.evaluate())
-            self.metrics_file.write({"step": 0, "time": time.time(), **last})
-            if self.wandb is not None and last:  # the baseline: a blocking eval's metrics go out with a step's
-                self.wandb.log(0, last)
+            self.log.baseline(last)
         while self.step < self.cfg.num_steps:
             if self.signals is not None and self.signals.requested:
                 return self._stop(last)
@@ -485,15 +465,12 @@ class Trainer:
             else:
                 m.update(self.evaluate())
         m["health/engine_restarts"] = float(self.engine_restarts)  # after the eval, which may replace one
-        self._log(m, groups)
+        self.log.step(self.step, m, sample_records(groups, self.step, cfg.logging.num_logged_samples))
         every = cfg.checkpoint.every_n_steps
         if (every and self.step % every == 0) or (self.step == cfg.num_steps and cfg.checkpoint.save_final):
             self.save_checkpoint()
         return m
 
     def close(self) -> None:
-        for f in (self.metrics_file, self.eval_file, self.samples_file):
-            f.close()
-        if self.wandb is not None:  # an unfinished wandb run leaves a HandleAbandonedError in its debug.log
-            self.wandb.finish()
+        self.log.close()
 

@@ -367,10 +367,11 @@ def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume:
     """A Trainer over created actors, restored from the checkpoint `resume` (default: config) selects."""
     from rlvr.orchestration.driver import Trainer
     from rlvr.telemetry.metrics import truncate_after_step
+    from rlvr.telemetry.run_log import RECORD_FILES
 
     ckpt = prep.run_dir.find_resume(resume or cfg.checkpoint.resume)
     if ckpt is None:  # a fresh start: records of an earlier attempt of this run name are void
-        for name in ("metrics.jsonl", "eval.jsonl", "samples.jsonl"):
+        for name in RECORD_FILES:
             truncate_after_step(prep.run_dir.path(name), -1)
     trainer = Trainer(cfg, prep.run_dir, actors, prep.stream, prep.eval_requests, prep.model_dir,
                       prep.pad_token_id, wandb=_wandb(cfg, prep.run_dir))
