@@ -10,7 +10,8 @@ Invariants:
   that is complete but not a JSON object is skipped and counted (`bad_lines`).
 - A file that shrinks (rewritten, e.g. a run restarted from scratch) is re-read from the start and its
   `epoch` bumps, telling the page to drop what it had for that file.
-- `/api/data?cursor=...` returns, per run and file, only the records past the page's cursor.
+- `/api/data?cursor=...` returns, per run and file, only the records past the page's cursor; a run the cursor
+  does not know yet also gets its config.yaml (the text, and parsed for the page's "KL off").
 - The server binds 127.0.0.1 only and serves nothing but the page and the run records. It answers only
   requests whose Host header names this machine's loopback (localhost, 127.0.0.1, [::1] or the bound address)
   with any port (a forwarded port, `ssh -L 9000:localhost:8765`, arrives as `localhost:9000`): any other Host
@@ -34,7 +35,8 @@ from typing import Any
 
 from tyro.conf import Positional
 
-RUN_FILES: dict[str, str] = {"metrics": "metrics.jsonl", "eval": "eval.jsonl", "samples": "samples.jsonl"}
+RUN_FILES: dict[str, str] = {"metrics": "metrics.jsonl", "eval": "eval.jsonl", "samples": "samples.jsonl",
+                             "eval_samples": "eval_samples.jsonl"}
 """Page data key -> file name in the run directory."""
 DATA_PLACEHOLDER = "/*__RLVR_DATA__*/null"
 """Replaced in the page by the embedded data on export (live pages keep null and poll the server)."""
@@ -112,6 +114,20 @@ class RunReader:
         for tail in self.tails.values():
             tail.refresh()
 
+    def config(self) -> tuple[str, Any]:
+        """config.yaml of the run: (text, parsed mapping or None)."""
+        import yaml
+
+        try:
+            text = (self.dir / "config.yaml").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "", None
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError:
+            parsed = None
+        return text, parsed if isinstance(parsed, dict) else None
+
 
 def run_names(run_dirs: list[str]) -> list[str]:
     """Display names: the directory name, extended with parents while two runs would share one."""
@@ -144,7 +160,10 @@ class Dashboard:
                 epoch, count = (cursor.get(str(i)) or {}).get(key, [-1, 0])
                 new_epoch, records, reset = tail.since(int(count), int(epoch))
                 files[key] = {"epoch": new_epoch, "reset": reset, "records": records, "bad_lines": tail.bad_lines}
-            out.append({"id": i, "name": run.name, "dir": str(run.dir), "files": files})
+            entry = {"id": i, "name": run.name, "dir": str(run.dir), "files": files}
+            if str(i) not in cursor:
+                entry["config_text"], entry["config"] = run.config()
+            out.append(entry)
         return {"runs": out}
 
 

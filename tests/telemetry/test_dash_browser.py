@@ -28,8 +28,8 @@ FIXTURE = REPO / "tests" / "fixtures" / "run_tiny"
 ARTIFACTS = Path(os.environ.get("RLVR_TEST_ARTIFACTS", REPO / "test-artifacts"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-CHARTS = ["reward", "correct", "eval", "eval-breakdown", "length", "kl", "entropy", "clip", "policy-loss",
-          "staleness", "throughput", "time", "packing", "explore"]
+CHARTS = ["reward", "correct", "eval", "eval-breakdown", "length", "kl", "entropy", "clip", "policy-loss", "lr",
+          "grad-norm", "drift", "advantage", "staleness", "throughput", "time", "packing", "explore"]
 HEADLESS_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1400,2400"]
@@ -106,6 +106,11 @@ def _rows(driver: Any) -> list[str]:
     return driver.execute_script("return [...document.querySelectorAll('#samples-table tbody tr')].map(r => r.innerText)")
 
 
+def _select(driver: Any, element_id: str, value: str) -> None:
+    driver.execute_script(f"const s = document.getElementById('{element_id}'); s.value = '{value}'; "
+                          "s.dispatchEvent(new Event('input'))")
+
+
 def _copy_run(tmp: Path, name: str) -> Path:
     run = tmp / name
     shutil.copytree(FIXTURE, run)
@@ -128,7 +133,9 @@ def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callab
     _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
     for chart in CHARTS:
         assert _points(browser, chart) > 0, f"chart {chart} has no data points"
-    assert _points(browser, "reward") == _count(metrics, lambda k: k.startswith("reward/") and k.endswith("_mean"))
+    evals = _lines(run / "eval.jsonl")
+    assert _points(browser, "reward") == _count(metrics, lambda k: k.startswith("reward/") and k.endswith("_mean")) + \
+        _count(evals, lambda k: k == "eval/reward_mean")
     assert _points(browser, "kl") == _count(metrics, lambda k: k == "loss/kl")
     assert browser.execute_script("return document.querySelectorAll('#chart-kl path.series').length") == 1
     assert browser.execute_script("return document.querySelectorAll('#chart-length .sample-dot').length") == sum(
@@ -136,7 +143,10 @@ def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callab
     assert browser.execute_script("return document.querySelectorAll('#chart-time rect.bar').length") == _count(
         metrics, lambda k: k.startswith("time/") and k != "time/step")
 
-    assert len(_rows(browser)) == len(samples)
+    eval_samples = _lines(run / "eval_samples.jsonl")
+    assert len(_rows(browser)) == len(samples) + len(eval_samples)
+    _select(browser, "f-source", "train")
+    _wait(lambda: len(_rows(browser)) == len(samples), what="source filter")
     box = browser.find_element("id", "f-text")
     needle = samples[-1]["prompt_id"]
     box.send_keys(needle)
@@ -168,7 +178,8 @@ def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callab
     with (run / "samples.jsonl").open("a") as f:
         f.write(json.dumps(dict(samples[-1], step=new["step"], prompt="a fresh prompt")) + "\n")
     _wait(lambda: _points(browser, "kl") == num_kl + 1, what="live refresh of metrics")
-    assert _points(browser, "reward") == _count(metrics + [new], lambda k: k.startswith("reward/") and k.endswith("_mean"))
+    assert _points(browser, "reward") == _count(metrics + [new], lambda k: k.startswith("reward/") and k.endswith("_mean")) \
+        + _count(evals, lambda k: k == "eval/reward_mean")
     browser.execute_script("const s = document.getElementById('f-step'); s.value = ''; s.dispatchEvent(new Event('input'))")
     _wait(lambda: len(_rows(browser)) == len(samples) + 1, what="live refresh of samples")
 
@@ -203,7 +214,7 @@ def test_export_opens_with_no_network(tmp_path: Path) -> None:
         _wait(lambda: driver.execute_script("return document.body.dataset.ready === '1'"), what="export render")
         for chart in CHARTS:
             assert _points(driver, chart) > 0, f"exported chart {chart} has no data points"
-        assert len(_rows(driver)) == len(_lines(FIXTURE / "samples.jsonl"))
+        assert len(_rows(driver)) == len(_lines(FIXTURE / "samples.jsonl")) + len(_lines(FIXTURE / "eval_samples.jsonl"))
         # Nothing was requested besides the page itself, and it never polls a server.
         assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
         assert "static export" in driver.find_element("id", "status-text").text
@@ -211,3 +222,84 @@ def test_export_opens_with_no_network(tmp_path: Path) -> None:
         driver.save_screenshot(str(ARTIFACTS / "dashboard_export.png"))
     finally:
         driver.quit()
+
+
+def _js(driver: Any, script: str) -> Any:
+    return driver.execute_script("return " + script)
+
+
+def test_panels_config_axes_smoothing_and_eval_completions(browser: Any, served: Callable[..., str],
+                                                           tmp_path: Path) -> None:
+    """The panels a wandb GRPO page has, with the fixture run's data: LR, grad norm, drift/TIS, advantages, eval
+    overlaid on the train reward, axis labels, a step / wall-time toggle, smoothing, the config, eval completions."""
+    run = _copy_run(tmp_path, "run_tiny")
+    metrics, evals = _lines(run / "metrics.jsonl"), _lines(run / "eval.jsonl")
+    eval_samples = _lines(run / "eval_samples.jsonl")
+    browser.get(served(run))
+    _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
+    expected = {"lr": lambda k: k == "learner/lr", "grad-norm": lambda k: k == "learner/grad_norm",
+                "drift": lambda k: k.startswith(("loss/logprob_drift", "loss/tis_")),
+                "advantage": lambda k: k.startswith("data/advantage")}
+    for chart, keys in expected.items():
+        assert _count(metrics, keys) > 0 and _points(browser, chart) == _count(metrics, keys), chart
+    assert "learner/lr" not in _js(browser, "document.querySelector('#chart-drift .legend').innerText")
+    # eval on the training reward: its own dashed series with one point per eval
+    eval_path = "document.querySelector('#chart-reward path[data-key=\"eval reward\"]')"
+    assert _js(browser, f"{eval_path}.getAttribute('d').split('L').length") == len(evals)
+    assert _js(browser, f"{eval_path}.getAttribute('stroke-dasharray')") == "5 3"
+    # axis labels on every chart that has data
+    for chart in CHARTS:
+        labels = _js(browser, f"[...document.querySelectorAll('#chart-{chart} .axis-label')].map(t => t.textContent)")
+        assert len(labels) == 2 and labels[1], (chart, labels)
+        assert labels[0] == "step", chart
+    # wall-clock x axis: same points, minutes since the run's first record
+    before = _js(browser, "document.querySelector('#chart-kl path.series').getAttribute('d')")
+    num_kl = _points(browser, "kl")
+    _select(browser, "x-axis", "wall")
+    _wait(lambda: _js(browser, "document.querySelector('#chart-kl .x-label').textContent") == "wall time (min)",
+          what="wall-time axis")
+    assert _points(browser, "kl") == num_kl
+    assert _js(browser, "document.querySelector('#chart-kl path.series').getAttribute('d')") != before
+    _select(browser, "x-axis", "step")
+    _wait(lambda: _js(browser, "document.querySelector('#chart-kl .x-label').textContent") == "step",
+          what="step axis again")
+    assert _points(browser, "kl") == num_kl
+    # smoothing bends the line, keeps the raw points
+    path = "document.querySelector('#chart-entropy path.series').getAttribute('d')"
+    raw, num_entropy = _js(browser, path), _points(browser, "entropy")
+    _select(browser, "smoothing", "0.9")
+    _wait(lambda: _js(browser, path) != raw, what="smoothed line")
+    assert _points(browser, "entropy") == num_entropy
+    assert _js(browser, path).split("L")[0] == raw.split("L")[0]  # bias-corrected: the first point is unchanged
+    assert _js(browser, "document.querySelector('#chart-entropy circle.pt').getAttribute('fill-opacity')") == "0.35"
+    _select(browser, "smoothing", "0")
+    _wait(lambda: _js(browser, "document.querySelector('#chart-entropy circle.pt').getAttribute('fill-opacity')") == "1",
+          what="smoothing off")
+    # the config panel shows the run's config.yaml
+    config_text = _js(browser, "document.querySelector('#config-body .config-text').textContent")
+    assert config_text == (run / "config.yaml").read_text() and "kl_beta: 0.01" in config_text
+    # eval completions next to the training samples
+    _select(browser, "f-source", "eval")
+    _wait(lambda: len(_rows(browser)) == len(eval_samples), what="eval completions")
+    assert eval_samples and all("· eval" in r for r in _rows(browser))
+    # rounding: tokens/s without decimals
+    cards = _js(browser, "[...document.querySelectorAll('.card')].map(c => c.innerText)")
+    (tps,) = [c for c in cards if c.startswith("tokens/s")]
+    value = tps.split("\n")[1]
+    assert value.isdigit() and abs(int(value) - metrics[-1]["perf/tokens_per_s"]) <= 0.5
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(ARTIFACTS / "dashboard_panels.png"))
+
+
+def test_kl_panel_says_kl_off(browser: Any, served: Callable[..., str], tmp_path: Path) -> None:
+    run = _copy_run(tmp_path, "run_tiny")
+    text = (run / "config.yaml").read_text()
+    assert "kl_beta: 0.01" in text
+    (run / "config.yaml").write_text(text.replace("kl_beta: 0.01", "kl_beta: 0.0"))
+    rows = [{k: v for k, v in r.items() if not k.startswith("loss/kl")} for r in _lines(run / "metrics.jsonl")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    browser.get(served(run))
+    _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
+    assert _points(browser, "kl") == 0
+    assert _js(browser, "document.querySelector('#chart-kl .empty').textContent") == "KL off (algorithm.kl_beta 0)"
+    assert _js(browser, "document.querySelector('#chart-lr .empty')") is None

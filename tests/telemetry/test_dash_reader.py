@@ -71,11 +71,16 @@ def test_http_server_serves_page_and_api() -> None:
         page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
         assert "/*__RLVR_DATA__*/null" in page  # live page: no embedded data, polls the API
         data = json.load(urllib.request.urlopen(base + "/api/data", timeout=10))
-        counts = {k: len((FIXTURE / f"{k}.jsonl").read_text().splitlines()) for k in ("metrics", "eval", "samples")}
+        counts = {k: len((FIXTURE / f"{k}.jsonl").read_text().splitlines())
+                  for k in ("metrics", "eval", "samples", "eval_samples")}
         assert {k: len(f["records"]) for k, f in data["runs"][0]["files"].items()} == counts
+        # the first poll also gets the run's config (the config panel, "KL off"); later polls do not
+        assert data["runs"][0]["config_text"] == (FIXTURE / "config.yaml").read_text()
+        assert data["runs"][0]["config"]["algorithm"]["kl_beta"] == 0.01
         cursor = urllib.parse.quote(json.dumps({"0": {k: [0, n] for k, n in counts.items()}}))
         data = json.load(urllib.request.urlopen(f"{base}/api/data?cursor={cursor}", timeout=10))
         assert all(not f["records"] for f in data["runs"][0]["files"].values())
+        assert "config_text" not in data["runs"][0]
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(base + "/etc/passwd", timeout=10)
         assert err.value.code == 404
