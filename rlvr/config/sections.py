@@ -18,7 +18,7 @@ class ModelConfig:
 
     path: str = "builtin:tiny"
     """Local HF directory, hub name, or `builtin:tiny` (a small Qwen2-shaped model with random weights and
-    a BPE tokenizer trained on the task's text, built in code: no downloads)."""
+    a BPE tokenizer trained on the datasets' text: built-in tasks and local files, built in code: no downloads)."""
     tokenizer_path: str | None = None
     """Tokenizer location when it differs from `path`."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
