@@ -189,7 +189,9 @@ def _report_failures(args: RewardArgs, rows: list[dict[str, Any]], results: list
 
 
 def main() -> None:
-    sys.exit(run_reward(tyro.cli(RewardArgs)))
+    from rlvr.cli_flags import parse
+
+    sys.exit(run_reward(parse(RewardArgs, sys.argv[1:], "python -m rlvr.rewards.cli", help_description())))
 
 
 if __name__ == "__main__":

@@ -303,3 +303,5 @@ def test_kl_panel_says_kl_off(browser: Any, served: Callable[..., str], tmp_path
     assert _points(browser, "kl") == 0
     assert _js(browser, "document.querySelector('#chart-kl .empty').textContent") == "KL off (algorithm.kl_beta 0)"
     assert _js(browser, "document.querySelector('#chart-lr .empty')") is None
+    cards = _js(browser, "[...document.querySelectorAll('.card')].map(c => c.innerText)")
+    assert "KL\noff" in cards
