@@ -16,6 +16,11 @@ mkdir -p "$OUT"
 cd "$REPO"
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_CUMEM_ENABLE=0
 export VLLM_WORKER_MULTIPROC_METHOD=spawn TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
+# peft: the host's own, unless a wheel travelled in .whl/ (here: pip download --no-deps peft==0.21.2 -d .whl)
+if ls "$REPO"/.whl/peft-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-peft "$REPO"/.whl/peft-*.whl \
+    && export PYTHONPATH="/tmp/site-peft:$PYTHONPATH"
+fi
 {
   echo "== $(date -u +%FT%TZ) $(hostname) phase $WHICH"
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true

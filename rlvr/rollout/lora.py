@@ -6,8 +6,9 @@ Invariants:
 - Adapter tensors cross process boundaries and sit on disk under PEFT's on-disk names
   (`base_model.model.<module>.lora_A.weight`, no adapter name): what `peft.get_peft_model_state_dict` returns, what
   `adapter_model.safetensors` holds and what vLLM reads. `module_name` maps one to the live peft model's parameter.
-- A written adapter directory is data only: `adapter_config.json` (JSON) and `adapter_model.safetensors`; it is
-  written into a temporary sibling and renamed, so a reader never sees half of one.
+- An adapter directory is data only: `adapter_config.json` (JSON) and `adapter_model.safetensors`, read without
+  unpickling anything. `write_adapter_dir` writes one into a temporary sibling and renames it, so a reader (vLLM)
+  never sees half of one; a checkpoint's adapter files are made atomic by the checkpoint's own rename.
 """
 
 from __future__ import annotations
@@ -122,9 +123,15 @@ def write_adapter_files(named: Iterable[tuple[str, torch.Tensor]], config: dict[
     """`adapter_model.safetensors` and `adapter_config.json` into an existing directory."""
     from safetensors.torch import save_file
 
-    tensors = {n: t.detach().to("cpu").contiguous() for n, t in named}
+    tensors = {n: _own_storage(t.detach().to("cpu").contiguous()) for n, t in named}
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     (directory / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=2, sort_keys=True))
+
+
+def _own_storage(t: torch.Tensor) -> torch.Tensor:
+    """`t`, copied when it is a view into a larger buffer (a gloo bucket): safetensors refuses, in some versions,
+    tensors that share storage."""
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
 
 
 def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

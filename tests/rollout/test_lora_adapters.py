@@ -34,6 +34,16 @@ def test_adapter_directories_are_peft_format_and_only_the_served_one_is_kept(tmp
     assert not store.root.exists()
 
 
+def test_tensors_received_as_views_of_one_bucket_are_written_whole(tmp_path):
+    flat = torch.arange(20, dtype=torch.bfloat16)  # what GlooWeightGroup.receive yields: views into one buffer
+    a, b = torch.split(flat, [8, 12])
+    named = [("m.q_proj.lora_A.weight", a.view(2, 4)), ("m.q_proj.lora_B.weight", b.view(4, 3))]
+    path = lora.write_adapter_dir(named, lora.adapter_config_dict(SPEC, None), tmp_path / "a")
+    _, tensors = lora.read_adapter_dir(path)
+    assert torch.equal(tensors["m.q_proj.lora_A.weight"], a.view(2, 4))
+    assert torch.equal(tensors["m.q_proj.lora_B.weight"], b.view(4, 3))
+
+
 @pytest.mark.parametrize("rank, max_rank", [(1, 1), (2, 8), (8, 8), (12, 16), (300, 320), (512, 512)])
 def test_vllm_gets_the_smallest_max_lora_rank_that_holds_the_rank(rank, max_rank):
     args = lora.vllm_engine_args(lora.LoraSpec(rank, 16, 0.0, ("q_proj",)))
