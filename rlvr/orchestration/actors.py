@@ -93,7 +93,7 @@ class EngineActor(_Base):
             from rlvr.weight_sync.gloo import GlooWeightGroup
 
             self.sync = GlooWeightGroup(addr, port, rank, world_size, timeout_s)
-        else:
+        elif transport != "shm":  # shm: LoRA adapters arrive as paths (load_adapter)
             self.engine.init_weight_transfer(addr, port, rank, world_size, timeout_s)
 
     def receive_weights(self, version: int, info: dict | None = None) -> dict[str, float]:
@@ -106,6 +106,12 @@ class EngineActor(_Base):
         t1 = time.perf_counter()
         self.engine.load_weights(named, version)
         return {"sync/receive_s": t1 - t0, "sync/load_s": time.perf_counter() - t1}
+
+    def load_adapter(self, path: str, version: int) -> float:
+        """LoRA through shared memory: load the adapter directory learner rank 0 wrote; returns seconds."""
+        t0 = time.perf_counter()
+        self.engine.load_adapter_dir(path, version)
+        return time.perf_counter() - t0
 
     # colocated (CUDA IPC) update steps and vLLM sleep/wake
     def begin_weight_update(self) -> float:
@@ -166,6 +172,12 @@ class LearnerActor(_Base):
                          transport: str = "gloo") -> dict | None:
         """Rank 0 opens the learner -> engines group; returns the engines' update info for NCCL."""
         self.transport = transport
+        if transport == "shm":  # LoRA on one host: rank 0 writes adapter directories into shared memory
+            if self.rank == 0 and self.sync is None:
+                from rlvr.rollout.lora import SharedMemoryAdapters
+
+                self.sync = SharedMemoryAdapters(self.worker.lora, self.worker.model_path, "learner")
+            return None
         if transport == "gloo":
             if self.rank == 0:
                 from rlvr.weight_sync.gloo import GlooWeightGroup
@@ -188,6 +200,13 @@ class LearnerActor(_Base):
         """Every rank takes part (ZeRO-3 gathers); rank 0 sends (gloo/NCCL broadcast, or IPC chunks)."""
         named = self.worker.named_weights()
         try:
+            if self.transport == "shm":
+                if self.rank != 0:
+                    return {}
+                t0 = time.perf_counter()
+                path = self.sync.write(named, version)
+                return {"path": str(path), "sync/seconds": time.perf_counter() - t0,
+                        "sync/bytes": float(path.joinpath("adapter_model.safetensors").stat().st_size)}
             if self.transport == "ipc":
                 from rlvr.weight_sync.ipc import IpcWeightSender
 
@@ -220,6 +239,8 @@ class LearnerActor(_Base):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+        if self.sync is not None and self.transport == "shm":
+            self.sync.close()
 
 
 @ray.remote(max_concurrency=4)

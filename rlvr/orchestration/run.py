@@ -144,6 +144,7 @@ class ActorFactory:
 
         self.cfg, self.model_dir, self.device = cfg, model_dir, device
         self.sync_info: dict | None = None
+        self.sync_transport: str | None = None  # what connect_weight_sync chose (transport, or "shm" for LoRA)
         self.placement_groups: dict[int, Any] = {}
         c, gpu = cfg.cluster, device.startswith("cuda")
         env = faults.env_vars()
@@ -223,9 +224,10 @@ class ActorFactory:
 
     @property
     def transport(self) -> str:
-        """gloo on CPU; CUDA IPC when learners and engines share GPUs; else NCCL through vLLM's API. LoRA always
-        takes gloo: only the adapter (about 1% of the weights) travels, as CPU tensors, and each vLLM engine loads
-        it from shared memory (`VLLMEngine.load_weights`) rather than through vLLM's weight-transfer API."""
+        """gloo on CPU; CUDA IPC when learners and engines share GPUs; else NCCL through vLLM's API. LoRA takes
+        gloo (only the adapter, about 1% of the weights, travels, as CPU tensors) or, where every engine shares
+        learner rank 0's host, shared memory (`connect_weight_sync` picks "shm": learner rank 0 writes the adapter to
+        /dev/shm, the engines load it from there); never vLLM's weight-transfer API."""
         if not self.device.startswith("cuda") or self.cfg.rollout.backend != "vllm" or self.cfg.learner.lora_rank > 0:
             return "gloo"
         return "ipc" if self.cfg.cluster.colocate else "nccl"
@@ -243,6 +245,9 @@ class ActorFactory:
         import ray
 
         timeout, t = self.cfg.cluster.actor_timeout_s, self.transport
+        if self.cfg.learner.lora_rank > 0 and _one_host(actors, timeout):
+            t = "shm"  # LoRA with every engine on learner rank 0's host: the adapter goes through shared memory
+        self.sync_transport = t
         tp = self.cfg.cluster.engine_tp if t == "nccl" else 1
         waddr, wport = ray.get(actors.learners[0].address.remote(), timeout=timeout)
         world = 1 + len(actors.engines) * tp
@@ -250,6 +255,14 @@ class ActorFactory:
         refs += [e.init_weight_sync.remote(waddr, wport, 1 + i * tp, world, timeout, t)
                  for i, e in enumerate(actors.engines)]
         self.sync_info = ray.get(refs, timeout=timeout)[0]
+
+
+def _one_host(actors: Actors, timeout: float) -> bool:
+    """Learner rank 0 and every engine run on one host (one IP address): they share /dev/shm."""
+    import ray
+
+    pings = ray.get([a.ping.remote() for a in [actors.learners[0], *actors.engines]], timeout=timeout)
+    return len({p["node"] for p in pings}) == 1
 
 
 def create_actors(cfg: ExperimentConfig, model_dir: str, device: str) -> Actors:

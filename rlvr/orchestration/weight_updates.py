@@ -5,8 +5,9 @@ Two transports, picked by the actor factory:
   dies mid-update becomes an `EngineFailure` naming it (the driver replaces it and updates again).
 - `ipc` (colocated): the engines slept while the learners trained; wake the weights, stream CUDA IPC chunks,
   finish, then bring the KV cache back (keeps peak GPU memory at one copy of the weights plus the learner's).
-- LoRA (`learner.lora_rank` > 0) broadcasts only the adapter over gloo, colocated or not; sleeping engines wake
-  their weights first (the adapter slots live there) and their KV cache after.
+- LoRA (`learner.lora_rank` > 0) moves only the adapter: through shared memory when every engine shares learner
+  rank 0's host (`shm`: rank 0 writes a PEFT directory under /dev/shm, the engines load it), else broadcast over
+  gloo; sleeping engines wake their weights first (the adapter slots live there) and their KV cache after.
 
 Every `ray.get` has the actor timeout; a learner that dies or hangs becomes a `LearnerFailure`.
 """
@@ -42,12 +43,15 @@ class WeightUpdater:
 
     def sync(self, version: int) -> dict[str, float]:
         """Every engine ends at `version` with the learners' weights; returns the `sync/*` metrics."""
-        if self.actors.factory.transport == "ipc":
+        factory = self.actors.factory
+        transport = getattr(factory, "sync_transport", None) or factory.transport
+        if transport == "ipc":
             return self._sync_ipc(version)
+        move = self._sync_shm if transport == "shm" else self._sync_broadcast
         if not self.engines_asleep:
-            return self._sync_broadcast(version)
+            return move(version)
         self.engines("wake_up", ["weights"])  # colocated LoRA: the adapter slots live with the weights
-        out = self._sync_broadcast(version)
+        out = move(version)
         self.engines("wake_up", ["kv_cache"])
         self.engines_asleep = False
         return out
@@ -63,6 +67,22 @@ class WeightUpdater:
             self.engines("wake_up", ["kv_cache"])
             self.engines_asleep = False
         return dict(sent)
+
+    def _sync_shm(self, version: int) -> dict[str, float]:
+        """LoRA on one host: learner rank 0 writes the adapter (PEFT directory) into shared memory, then every
+        engine loads it from there."""
+        sent = dict(learner_get([lrn.send_weights.remote(None, version) for lrn in self.actors.learners],
+                                "send_weights", self.timeout)[0])
+        path = sent.pop("path")
+        refs = [e.load_adapter.remote(path, version) for e in self.actors.engines]
+        got = []
+        for i, ref in enumerate(refs):
+            try:
+                got.append(ray.get(ref, timeout=self.timeout))
+            except ray.exceptions.RayActorError as err:
+                raise EngineFailure(i, f"died during weight sync: {describe(err)}") from err
+        sent["sync/engine_load_s_max"] = max(got)
+        return sent
 
     def _sync_broadcast(self, version: int) -> dict[str, float]:
         refs = [lrn.send_weights.remote() for lrn in self.actors.learners]

@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.rollout.base import EngineError, GroupBook, wait_until
 from rlvr.rollout.kv_batch import RunningBatch, Sequence
-from rlvr.rollout.lora import LoraSpec, to_module_names
+from rlvr.rollout.lora import LoraSpec, read_adapter_dir, to_module_names
 from rlvr.rollout.lora import wrap as wrap_lora
 from rlvr.rollout.sampling import (
     check_finish,
@@ -172,6 +172,11 @@ class TransformersEngine:
                     self._num_updates_in_progress -= 1
                     self._cond.notify_all()
         logger.debug("engine %d loaded %d tensors, policy version %d", self.engine_id, num_loaded, version)
+
+    def load_adapter_dir(self, path: str, version: int) -> None:
+        """LoRA: `load_weights` with the tensors of a PEFT adapter directory (shared memory; data only)."""
+        _, tensors = read_adapter_dir(path)
+        self.load_weights(tensors.items(), version)
 
     def score(
         self, prompt_token_ids: list[int], completion_token_ids: list[int], temperature: float = 1.0

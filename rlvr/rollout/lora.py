@@ -195,9 +195,9 @@ def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
 
 
 class SharedMemoryAdapters:
-    """Where a vLLM engine puts each received adapter for vLLM to load: PEFT directories in shared memory
-    (/dev/shm, a RAM file system; the system temp directory where there is none), one per update, the previous
-    one removed once the next is loaded. vLLM 0.26 loads adapters only from a path (`LoRARequest.lora_path`);
+    """Adapter directories for vLLM to load: PEFT directories in shared memory (/dev/shm, a RAM file system; the
+    system temp directory where there is none), one per update, written by learner rank 0 when the engines share its
+    host (transport `shm`), else by each vLLM engine from what it received over gloo. vLLM 0.26 loads adapters only from a path (`LoRARequest.lora_path`);
     trainers that hand it tensors instead (verl's TensorLoRARequest) patch its worker's `_load_adapter`, which this
     avoids. The engine's workers run on the engine's node, so they read the same memory."""
 
@@ -208,19 +208,19 @@ class SharedMemoryAdapters:
         root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
         self.root = Path(tempfile.mkdtemp(prefix=f"rlvr-lora-{tag}-", dir=root))
         self.config = adapter_config_dict(spec, base_model_path)
-        self.current: Path | None = None
+        self.written: list[Path] = []
         self._count = 0
 
-    def write(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> Path:
-        """A new adapter directory holding these tensors (a version may be written twice: an engine replaced)."""
+    def write(self, named: Iterable[tuple[str, torch.Tensor]], version: int, keep: int = 2) -> Path:
+        """A new adapter directory holding these tensors (a version may be written twice: an engine replaced).
+        Only the newest `keep` stay: updates are synchronous, so by the time a directory is written the one before
+        it was loaded everywhere and the ones before that are no longer read."""
         self._count += 1
-        return write_adapter_dir(named, self.config, self.root / f"v{version}-{self._count}")
-
-    def loaded(self, path: Path) -> None:
-        """`path` is what the engine serves now: the directory before it is no longer needed."""
-        if self.current is not None and self.current != path:
-            shutil.rmtree(self.current, ignore_errors=True)
-        self.current = path
+        path = write_adapter_dir(named, self.config, self.root / f"v{version}-{self._count}")
+        self.written.append(path)
+        while len(self.written) > keep:
+            shutil.rmtree(self.written.pop(0), ignore_errors=True)
+        return path
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -236,9 +236,7 @@ class VLLMEngine:
         shared memory. Else only the `ipc` backend can take tensors from this process (CUDA IPC handles to copies
         on this process's current GPU); with `nccl` use `receive_weights_nccl`."""
         if self._adapters is not None:
-            path = self._adapters.write(named_tensors, version)
-            self._call(self._adapter_update(str(path), version))
-            self._adapters.loaded(path)
+            self.load_adapter_dir(str(self._adapters.write(named_tensors, version)), version)
             return
         if self.weight_transfer_backend != "ipc":
             raise NotImplementedError("VLLMEngine.load_weights needs weight_transfer_backend='ipc'; with NCCL the "
@@ -254,6 +252,10 @@ class VLLMEngine:
         finally:
             self.finish_weight_update(version)
         del tensors
+
+    def load_adapter_dir(self, path: str, version: int) -> None:
+        """LoRA: serve the PEFT adapter directory at `path` (on this host) from now on, loaded in place."""
+        self._call(self._adapter_update(path, version))
 
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int],
               temperature: float = 1.0) -> list[float]:

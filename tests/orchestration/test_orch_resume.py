@@ -56,6 +56,8 @@ def _losses(run: Path) -> dict[int, float]:
 
 
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    if (ckpt / "adapter_model.safetensors").is_file():  # LoRA: the checkpoint holds only the adapter
+        return load_file(str(ckpt / "adapter_model.safetensors"))
     return load_file(str(ckpt / "model.safetensors"))
 
 
@@ -65,8 +67,9 @@ DEEPSPEED_2_RANKS = ["--learner.backend", "deepspeed", "--cluster.num-learners",
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("learner", [[], DEEPSPEED_2_RANKS + ["2"],
-                                     DEEPSPEED_2_RANKS + ["3", "--learner.zero3-gather-mb", "0.01"]],
-                         ids=["torch", "deepspeed-zero2-2ranks", "deepspeed-zero3-2ranks"])
+                                     DEEPSPEED_2_RANKS + ["3", "--learner.zero3-gather-mb", "0.01"],
+                                     ["--learner.lora-rank", "8", "--learner.lr", "1e-2"]],
+                         ids=["torch", "deepspeed-zero2-2ranks", "deepspeed-zero3-2ranks", "torch-lora"])
 def test_resume_is_exact_on_policy(tmp_path, ray_cluster, learner):
     """SIGKILL after step 3's checkpoint, resume: the same losses and final weights as an uninterrupted run (ZeRO-3
     saves and loads through parameter gathers on every rank; the GPU presets gpu-8x / gpu-2node train with it)."""

@@ -13,7 +13,7 @@ from rlvr.rollout import lora
 SPEC = lora.LoraSpec(rank=12, alpha=24, dropout=0.0, target_modules=("q_proj", "v_proj"))
 
 
-def test_adapter_directories_are_peft_format_and_only_the_served_one_is_kept(tmp_path):
+def test_adapter_directories_are_peft_format_and_only_the_last_two_are_kept(tmp_path):
     store = lora.SharedMemoryAdapters(SPEC, str(tmp_path / "base"), "t")
     try:
         named = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", torch.ones(12, 8)),
@@ -24,11 +24,10 @@ def test_adapter_directories_are_peft_format_and_only_the_served_one_is_kept(tmp
         assert config["base_model_name_or_path"] == str(tmp_path / "base") and config["peft_type"] == "LORA"
         assert list(tensors) == [n for n, _ in named] and torch.equal(tensors[named[0][0]], named[0][1])
         json.dumps(config)  # vLLM's PEFTHelper reads it as JSON
-        store.loaded(first)
         second = store.write(named, 1)  # the same version again (a replaced engine): a new directory
-        assert second != first and first.exists()
-        store.loaded(second)
-        assert not first.exists() and second.exists()
+        assert second != first and first.exists()  # the one served until `second` is loaded stays
+        third = store.write(named, 2)
+        assert not first.exists() and second.exists() and third.exists()
     finally:
         store.close()
     assert not store.root.exists()
