@@ -57,6 +57,7 @@ class Progress:
         self.t0 = time.time()
         self.start_step: int | None = None
         self.last_eval: float | None = None
+        self.line_open = False  # a terminal line was written without its newline (it is rewritten in place)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -74,3 +75,11 @@ class Progress:
         end = "\n" if (not self.stream.isatty() or step == self.total) else ""
         self.stream.write(("\r" if self.stream.isatty() else "") + line + end)
         self.stream.flush()
+        self.line_open = not end
+
+    def close(self) -> None:
+        """End a line left open (a run that stops before its last step), so that what follows starts on its own."""
+        if self.line_open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.line_open = False

@@ -62,6 +62,7 @@ class RunLog:
             truncate_after_step(self.root / name, step)
 
     def close(self) -> None:
+        self.progress.close()
         for f in self.files.values():
             f.close()
         if self.wandb is not None:

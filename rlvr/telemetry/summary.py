@@ -63,7 +63,11 @@ def summary_lines(run_dir: Path, step: int, elapsed_s: float, final: dict[str, f
         lines.append("  final eval   none (--eval.every-n-steps 0 and --eval.at-step-0 False)")
     lines += ["next:", f"  rlvr dashboard {shlex.quote(str(run_dir))}"]
     if ckpt is not None:
-        lines.append(f"  rlvr eval --model {shlex.quote(str(ckpt))} --output {shlex.quote(str(run_dir / 'eval_out'))}")
+        model = ckpt
+        if (ckpt / "adapter_config.json").is_file():  # a LoRA checkpoint: rlvr eval takes the merged model
+            model = run_dir / "merged"
+            lines.append(f"  rlvr export --merge {shlex.quote(str(ckpt))} {shlex.quote(str(model))}")
+        lines.append(f"  rlvr eval --model {shlex.quote(str(model))} --output {shlex.quote(str(run_dir / 'eval_out'))}")
     return lines
 
 

@@ -118,6 +118,39 @@ def test_summary_reads_the_last_eval_record() -> None:
     lines = summary_lines(FIXTURE_RUN, 6, 3.0, {})
     last = json.loads((FIXTURE_RUN / "eval.jsonl").read_text().splitlines()[-1])
     (line,) = [ln for ln in lines if ln.startswith("  final eval")]
-    assert line == (f"  final eval   step {last['step']}: reward {last['eval/reward_mean']:.3f}  "
-                    f"pass@1 {last['eval/pass@1']:.3f} over {int(last['eval/num_prompts'])} prompts")
+    ks = sorted(int(k.rsplit("@", 1)[1]) for k in last if k.startswith("eval/pass@"))
+    assert ks[0] == 1 and len(ks) > 1  # the fixture's eval samples k = 4: pass@1, @2, @4
+    pass_at = "  ".join(f"pass@{k} {last[f'eval/pass@{k}']:.3f}" for k in ks)
+    assert line == (f"  final eval   step {last['step']}: reward {last['eval/reward_mean']:.3f}  {pass_at} "
+                    f"over {int(last['eval/num_prompts'])} prompts")
     assert "train        reward n/a" in "\n".join(lines)
+
+
+def test_summary_of_a_lora_run_merges_before_eval(tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    ckpt = run / "checkpoints" / "step_2"
+    ckpt.mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step_2\n")
+    (ckpt / "adapter_config.json").write_text("{}")
+    text = "\n".join(summary_lines(run, 2, 1.0, {}))
+    assert f"rlvr export --merge {ckpt} {run / 'merged'}" in text
+    assert f"rlvr eval --model {run / 'merged'} --output {run / 'eval_out'}" in text
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_line_is_ended_when_a_run_stops_early() -> None:
+    from rlvr.telemetry.metrics import Progress
+
+    stream = _Tty()
+    progress = Progress(10, True, stream)
+    progress.update(1, {"reward/total_mean": 0.5, "perf/tokens_per_s": 8160.747})
+    text = stream.getvalue()
+    assert text.startswith("\rstep 1/10 reward 0.500 tok/s 8161 ETA") and not text.endswith("\n")
+    progress.close()
+    assert stream.getvalue().endswith("\n")
+    progress.close()
+    assert stream.getvalue().count("\n") == 1

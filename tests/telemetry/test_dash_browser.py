@@ -214,7 +214,8 @@ def test_export_opens_with_no_network(tmp_path: Path) -> None:
         _wait(lambda: driver.execute_script("return document.body.dataset.ready === '1'"), what="export render")
         for chart in CHARTS:
             assert _points(driver, chart) > 0, f"exported chart {chart} has no data points"
-        assert len(_rows(driver)) == len(_lines(FIXTURE / "samples.jsonl")) + len(_lines(FIXTURE / "eval_samples.jsonl"))
+        num_rows = len(_lines(FIXTURE / "samples.jsonl")) + len(_lines(FIXTURE / "eval_samples.jsonl"))
+        assert len(_rows(driver)) == num_rows
         # Nothing was requested besides the page itself, and it never polls a server.
         assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
         assert "static export" in driver.find_element("id", "status-text").text
@@ -273,8 +274,8 @@ def test_panels_config_axes_smoothing_and_eval_completions(browser: Any, served:
     assert _js(browser, path).split("L")[0] == raw.split("L")[0]  # bias-corrected: the first point is unchanged
     assert _js(browser, "document.querySelector('#chart-entropy circle.pt').getAttribute('fill-opacity')") == "0.35"
     _select(browser, "smoothing", "0")
-    _wait(lambda: _js(browser, "document.querySelector('#chart-entropy circle.pt').getAttribute('fill-opacity')") == "1",
-          what="smoothing off")
+    opacity = "document.querySelector('#chart-entropy circle.pt').getAttribute('fill-opacity')"
+    _wait(lambda: _js(browser, opacity) == "1", what="smoothing off")
     # the config panel shows the run's config.yaml
     config_text = _js(browser, "document.querySelector('#config-body .config-text').textContent")
     assert config_text == (run / "config.yaml").read_text() and "kl_beta: 0.01" in config_text
