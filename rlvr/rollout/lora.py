@@ -183,6 +183,24 @@ def _jsonable(value: Any) -> Any:
     return str(value)  # enums (task_type, peft_type) and anything else peft puts in its dict
 
 
+def sweep_dead(root: Path) -> int:
+    """Remove the adapter stores (`rlvr-lora-<pid>-...`) of processes that no longer run: a killed run leaves its
+    shared memory behind (RAM, until reboot). Returns how many were removed."""
+    removed = 0
+    for p in root.glob("rlvr-lora-*-*"):
+        pid = p.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # gone: its store is garbage
+            shutil.rmtree(p, ignore_errors=True)
+            removed += 1
+        except PermissionError:  # alive, another user's
+            continue
+    return removed
+
+
 def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
     """AsyncEngineArgs for serving one rlvr adapter: LoRA on, the smallest `max_lora_rank` vLLM takes that holds
     the rank, one adapter slot on the GPU and one in vLLM's CPU cache (the policy's, replaced in place)."""
@@ -206,7 +224,8 @@ class SharedMemoryAdapters:
 
         shm = Path("/dev/shm")
         root = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-        self.root = Path(tempfile.mkdtemp(prefix=f"rlvr-lora-{tag}-", dir=root))
+        sweep_dead(root)
+        self.root = Path(tempfile.mkdtemp(prefix=f"rlvr-lora-{os.getpid()}-{tag}-", dir=root))
         self.config = adapter_config_dict(spec, base_model_path)
         self.written: list[Path] = []
         self._count = 0

@@ -4,6 +4,7 @@ it writes in shared memory, the engine arguments it starts vLLM with, and clean-
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -41,6 +42,20 @@ def test_tensors_received_as_views_of_one_bucket_are_written_whole(tmp_path):
     _, tensors = lora.read_adapter_dir(path)
     assert torch.equal(tensors["m.q_proj.lora_A.weight"], a.view(2, 4))
     assert torch.equal(tensors["m.q_proj.lora_B.weight"], b.view(4, 3))
+
+
+def test_stores_of_dead_processes_are_swept(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"rlvr-lora-{int(done.stdout)}-e0-abc"  # that pid has exited
+    alive = tmp_path / f"rlvr-lora-{os.getpid()}-learner-xyz"
+    other = tmp_path / "rlvr-lora-notapid-x"
+    for p in (dead, alive, other):
+        (p / "v1-1").mkdir(parents=True)
+    assert lora.sweep_dead(tmp_path) == 1
+    assert not dead.exists() and alive.exists() and other.exists()
 
 
 @pytest.mark.parametrize("rank, max_rank", [(1, 1), (2, 8), (8, 8), (12, 16), (300, 320), (512, 512)])
