@@ -37,9 +37,16 @@ fi
 if [ "$WHICH" = 7b ] || [ "$WHICH" = all ]; then
   # random weights score 0 on copy4: ~600 stop ids give completions of varied length, and the DAPO soft overlong
   # penalty turns that into rewards with variance, so the 10 steps take real gradient steps (as scripts/gpu_e2e.sh)
+  # the random-weight 7B directory once (about 2 minutes, 15 GB), outside the timed run
+  M7="${M7:-/tmp/rlvr-bench-model-qwen2.5-7b}"
+  t0=$SECONDS
+  python3 -c "import sys; from rlvr.data import builtin_corpus; from rlvr.data.shaped_models import \
+build_shaped_model_dir; build_shaped_model_dir('qwen2.5-7b', list(builtin_corpus('copy4')), sys.argv[1], 0)" "$M7" \
+    2>&1 | tail -n 3 | tee -a "$OUT/gpu_lora.log"
+  echo "model dir $M7 ready in $((SECONDS - t0)) s" | tee -a "$OUT/gpu_lora.log"
   nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$OUT/lora7b_mem.csv" &
   smi=$!
-  python3 -m rlvr.cli train --config configs/gpu-lora-7b.yaml --checkpoint.output-dir /tmp/rlvr-runs \
+  python3 -m rlvr.cli train --config configs/gpu-lora-7b.yaml --model.path "$M7" --checkpoint.output-dir /tmp/rlvr-runs \
       --logging.run-name lora7b --checkpoint.resume never --logging.console-progress False \
       --algorithm.overlong-buffer 64 --generation.stop-token-ids $(seq 2 600) "$@" 2>&1 | tail -n 80 > "$OUT/lora7b.console.txt"
   code=${PIPESTATUS[0]}
