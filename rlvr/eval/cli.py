@@ -79,6 +79,10 @@ def resolve_config(args: EvalArgs) -> ExperimentConfig:
 
     cfg.model.path = resolve_model_path(args.model)  # builtin:<pretrained name> -> its fetched directory
     cfg.model.tokenizer_path = None
+    model_dir = Path(cfg.model.path)
+    if (model_dir / "adapter_config.json").is_file() and not any(model_dir.glob("model*.safetensors")):
+        raise ValueError(f"--model {args.model} is a LoRA checkpoint (an adapter, not a model): merge it first with "
+                         f"`rlvr export --merge {args.model} OUT`, then evaluate OUT")
     if args.dataset:
         cfg.eval.datasets = list(args.dataset)
     if args.split is not None:
