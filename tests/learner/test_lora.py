@@ -173,3 +173,11 @@ def test_loading_an_adapter_of_another_rank_names_the_setting(model_dir, tmp_pat
     b = _worker(_cfg(lora_rank=8), model_dir)
     with pytest.raises(ValueError, match="lora-rank"):
         b.load(str(tmp_path / "ckpt" / "trainer_state"), str(tmp_path / "ckpt"))
+
+
+def test_eval_of_an_adapter_checkpoint_asks_for_export_merge(model_dir, tmp_path, capsys):
+    from rlvr.cli import main
+
+    _train_save(_worker(_cfg(), model_dir), tmp_path / "step_1", model_dir)
+    assert main(["eval", "--model", str(tmp_path / "step_1"), "--output", str(tmp_path / "out")]) == 2
+    assert "rlvr export --merge" in capsys.readouterr().err
