@@ -166,13 +166,16 @@ class LearnerWorker:
         the end on all ranks. Rank 0, the sender, gets tensors it may keep; the others only drain it.
 
         With LoRA only the adapter goes out, under PEFT's on-disk names, in the base weights' dtype (what the
-        engines compute the adapter in; bf16 halves the bytes of fp32 adapters)."""
+        engines compute the adapter in; bf16 halves the bytes of fp32 adapters), as views into one host buffer:
+        one device-to-host copy for the whole adapter instead of one per tensor (hundreds)."""
         if self.lora is None:
             yield from self.backend.named_weights(copy=self.rank == 0)
             return
         base_dtype = next(p for p in self.model.parameters() if not p.requires_grad).dtype
-        for name, t in lora.adapter_tensors(self.model).items():
-            yield name, t.to(base_dtype) if t.is_floating_point() and t.dtype != base_dtype else t.clone()
+        tensors = lora.adapter_tensors(self.model)
+        flat = torch.cat([t.reshape(-1).to(base_dtype) for t in tensors.values()]).cpu()
+        for (name, t), part in zip(tensors.items(), torch.split(flat, [t.numel() for t in tensors.values()])):
+            yield name, part.view(t.shape)
 
     @torch.no_grad()
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:
