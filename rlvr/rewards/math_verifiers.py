@@ -10,6 +10,10 @@ Invariants:
   without a box only the last `tail_chars` characters are parsed, so a 100 kB completion costs no more
   than a short one.
 - A `ground_truth` list means "any of these": the score is the max over golds.
+- An integer gold ("110", "-3", "1,000") needs a number as the answer, not a computation that evaluates to it:
+  the answer's last number (in the last `\\boxed{}`, else in the tail) must equal the gold. math-verify alone
+  scores an echoed question ("What is 44 + 66?" -> "44 + 66", or "56 + 3 - 49" for a word problem) as correct,
+  because the unevaluated expression is symbolically equal to the gold; a policy learns that in a few steps.
 - Fast path before sympy: identical strings (modulo spaces, \\left/\\right, thin spaces) score 1, and two
   plain decimal numbers are compared as floats; (golds, answer) verdicts are memoised (LRU, 16k entries).
 """
@@ -104,6 +108,27 @@ def _equivalent(golds: list[str], pred_source: str) -> float:
     return _equivalent_cached(tuple(golds), pred_source)
 
 
+_INTEGER = re.compile(r"-?\d{1,3}(?:,\d{3})+|-?\d+")
+
+
+def _integer_golds(golds: list[str]) -> list[int] | None:
+    """The golds as integers when every one is a plain integer, else None (math-verify decides)."""
+    values = []
+    for gold in golds:
+        plain = _plain(gold.split("####")[-1])
+        if not _INTEGER.fullmatch(plain):
+            return None
+        values.append(int(plain.replace(",", "")))
+    return values
+
+
+def _integer_answer(golds: list[int], answer: str) -> float:
+    """1.0 if the last number of `answer` is one of the integer golds: a result, not an expression for it."""
+    number = last_number(answer)
+    value = _to_float(number) if number is not None else None
+    return 1.0 if value is not None and any(abs(value - g) <= 1e-9 * max(1.0, abs(g)) for g in golds) else 0.0
+
+
 @register_reward("math")
 def math_reward(completion_text: str, metadata: dict, max_answer_chars: int = 1000,
                 tail_chars: int = 2000) -> float | None:
@@ -117,13 +142,18 @@ def math_reward(completion_text: str, metadata: dict, max_answer_chars: int = 10
         return None
     answer = final_answer_text(completion_text)
     boxed = last_boxed(answer)
+    integers = _integer_golds(golds)
     if boxed is not None:
         if len(boxed) > max_answer_chars:
             return 0.0
+        if integers is not None:
+            return _integer_answer(integers, boxed)
         return _equivalent(golds, f"\\boxed{{{boxed}}}")
     tail = answer[-tail_chars:]
     if not tail.strip():
         return 0.0
+    if integers is not None:
+        return _integer_answer(integers, tail)
     return _equivalent(golds, tail)
 
 
@@ -136,6 +166,9 @@ def math_boxed_strict_reward(completion_text: str, metadata: dict, max_answer_ch
     boxed = last_boxed(final_answer_text(completion_text))
     if boxed is None or not boxed.strip() or len(boxed) > max_answer_chars:
         return 0.0
+    integers = _integer_golds(golds)
+    if integers is not None:
+        return _integer_answer(integers, boxed)
     return _equivalent(golds, f"\\boxed{{{boxed}}}")
 
 

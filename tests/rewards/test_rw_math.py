@@ -21,7 +21,8 @@ MATH_CASES = [
     (r"\boxed{\{2, 1\}}", r"\{1,2\}", 1.0),
     (r"\boxed{y = 1 + 2x}", "y=2x+1", 1.0),
     (r"\boxed{\sqrt{2}}", r"\sqrt{2}", 1.0),
-    (r"\boxed{\frac{\frac{1}{2}}{\frac{1}{4}}}", "2", 1.0),  # nested braces
+    (r"\boxed{\frac{\frac{1}{2}}{\frac{1}{4}}}", r"\frac{4}{2}", 1.0),  # nested braces (math-verify decides)
+    (r"\boxed{\frac{\frac{1}{2}}{\frac{1}{4}}}", "2", 0.0),  # an integer gold wants the number itself
     (r"first \boxed{3} then \boxed{4}", "4", 1.0),  # several boxes: the last counts
     (r"first \boxed{4} then \boxed{3}", "4", 0.0),
     (r"\boxed{7}", "42", 0.0),
@@ -96,3 +97,50 @@ def test_big_inputs_are_fast():
     for completion, gold, _ in MATH_CASES[-4:]:
         get_reward("math").fn(completion * 1, {"ground_truth": gold})
     assert time.perf_counter() - start < 5.0
+
+
+# An integer gold needs a number as the answer, not a computation that evaluates to it. math-verify alone scores
+# these as correct (the expression is symbolically equal to the gold), and a policy trained on "What is 44 + 66?"
+# found the echo in under 20 steps.
+INTEGER_GOLD_CASES = [
+    ("44 + 66", "110", 0.0),
+    (r"\boxed{44 + 66}", "110", 0.0),
+    ("98 + 83, not a possible answer.", "181", 0.0),
+    ("15 + 71 = Como", "86", 0.0),
+    ("Leo has 56 + 3 - 49", "10", 0.0),
+    (r"\boxed{2 \times 5}", "10", 0.0),
+    (r"\boxed{\frac{20}{2}}", "10", 0.0),
+    ("44 + 66 = 110", "110", 1.0),
+    ("44 + 66 equals 110.", "110", 1.0),
+    (r"\boxed{110}", "110", 1.0),
+    (r"\boxed{\$110}", "110", 1.0),
+    (r"\boxed{110 \text{ apples}}", "110", 1.0),
+    (r"\boxed{-22}", "-22", 1.0),
+    (r"\boxed{1,000}", "1000", 1.0),
+    (r"\boxed{1000}", "1,000", 1.0),
+    ("The answer is 110, not 111.", "110", 0.0),  # the last number is the answer
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", INTEGER_GOLD_CASES)
+@pytest.mark.parametrize("fn", ["math", "math_boxed_strict"])
+def test_integer_gold_needs_the_number(fn, completion, gold, expected):
+    if fn == "math_boxed_strict" and "boxed" not in completion:
+        expected = 0.0
+    assert get_reward(fn).fn(completion, {"ground_truth": gold}) == expected
+
+
+def test_no_unevaluated_arithmetic_scores_for_an_integer_gold():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(2, 999), st.integers(2, 999), st.sampled_from(["+", "*", "\\times", "\\cdot"]),
+           st.sampled_from(["{e}", "\\boxed{{{e}}}", "The answer is {e}.", "${e}$", "So {e}"]))
+    def check(a, b, op, wrap):
+        value = a + b if op == "+" else a * b
+        echo = wrap.format(e=f"{a} {op} {b}")
+        assert get_reward("math").fn(echo, {"ground_truth": str(value)}) == 0.0, echo
+        assert get_reward("math").fn(wrap.format(e=str(value)), {"ground_truth": str(value)}) == 1.0
+
+    check()
