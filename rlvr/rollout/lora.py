@@ -121,17 +121,37 @@ def write_adapter_dir(named: Iterable[tuple[str, torch.Tensor]], config: dict[st
 
 def write_adapter_files(named: Iterable[tuple[str, torch.Tensor]], config: dict[str, Any], directory: Path) -> None:
     """`adapter_model.safetensors` and `adapter_config.json` into an existing directory."""
-    from safetensors.torch import save_file
-
-    tensors = {n: _own_storage(t.detach().to("cpu").contiguous()) for n, t in named}
-    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors([(n, t.detach().to("cpu").contiguous()) for n, t in named], directory / WEIGHTS_FILE)
     (directory / CONFIG_FILE).write_text(json.dumps(_jsonable(config), indent=2, sort_keys=True))
 
 
-def _own_storage(t: torch.Tensor) -> torch.Tensor:
-    """`t`, copied when it is a view into a larger buffer (a gloo bucket): safetensors refuses, in some versions,
-    tensors that share storage."""
-    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64"}
+
+
+def write_safetensors(named: list[tuple[str, torch.Tensor]], path: Path) -> None:
+    """A safetensors file (format: 8-byte little-endian header size, JSON header padded with spaces to 8 bytes,
+    then the tensors' bytes at their `data_offsets`) written straight from the tensors' memory: the safetensors
+    library first copies every tensor into a bytes object (and refuses, in some versions, views that share a buffer,
+    which is what a gloo bucket or the learner's one-copy adapter hands out). Tensors must be contiguous, on CPU."""
+    import struct
+
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, t in named:
+        if t.dtype not in _SAFETENSORS_DTYPES or t.dim() == 0:
+            raise ValueError(f"{name}: cannot write a {t.dtype} tensor of shape {tuple(t.shape)} as an adapter")
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for _, t in named:
+            f.write(memoryview(t.view(torch.uint8).numpy()))
 
 
 def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

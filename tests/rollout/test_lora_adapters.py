@@ -44,6 +44,25 @@ def test_tensors_received_as_views_of_one_bucket_are_written_whole(tmp_path):
     assert torch.equal(tensors["m.q_proj.lora_B.weight"], b.view(4, 3))
 
 
+def test_safetensors_written_from_memory_read_back_with_the_safetensors_library(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    flat = torch.randn(64).to(torch.bfloat16)
+    a, b = torch.split(flat, [24, 40])
+    named = [("x.lora_A.weight", a.view(4, 6)), ("x.lora_B.weight", b.view(8, 5)),
+             ("y.lora_A.weight", torch.randn(3, 7)), ("y.lora_B.weight", torch.randn(2, 3).half())]
+    lora.write_safetensors(named, tmp_path / "a.safetensors")
+    got = load_file(str(tmp_path / "a.safetensors"))
+    assert sorted(got) == sorted(n for n, _ in named)
+    for name, t in named:
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    with safe_open(str(tmp_path / "a.safetensors"), framework="pt") as f:  # how vLLM reads an adapter
+        assert f.metadata() == {"format": "pt"} and torch.equal(f.get_tensor("x.lora_B.weight"), b.view(8, 5))
+    with pytest.raises(ValueError, match="cannot write"):
+        lora.write_safetensors([("i", torch.arange(3))], tmp_path / "b.safetensors")
+
+
 def test_stores_of_dead_processes_are_swept(tmp_path):
     import subprocess
     import sys
