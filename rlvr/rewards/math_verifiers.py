@@ -10,6 +10,7 @@ Invariants:
   without a box only the last `tail_chars` characters are parsed, so a 100 kB completion costs no more
   than a short one.
 - A `ground_truth` list means "any of these": the score is the max over golds.
+- A rational gold ("0.5", "\\frac{1}{2}") likewise needs a number (or a percentage), not 1/4 + 1/4 or 2 * 0.25.
 - An integer gold ("110", "-3", "1,000") needs a number as the answer, not a computation that evaluates to it:
   the answer's last number (in the last `\\boxed{}`, else in the tail) must equal the gold. math-verify alone
   scores an echoed question ("What is 44 + 66?" -> "44 + 66", or "56 + 3 - 49" for a word problem) as correct,
@@ -99,9 +100,34 @@ def _equivalent_cached(golds: tuple[str, ...], pred_source: str) -> float:
         return 0.0
     for gold in golds:
         gold_parsed = _parse_gold(gold)
+        if gold_parsed and _is_rational(gold_parsed[0]) and _is_computation(pred[0]):
+            continue  # a rational gold wants the number: "1/4 + 1/4" is the question, not the answer 1/2
         if gold_parsed and mv.verify(list(gold_parsed), pred, timeout_seconds=None):
             return 1.0
     return 0.0
+
+
+def _is_rational(expr: Any) -> bool:
+    return bool(getattr(expr, "is_Rational", False))
+
+
+def _is_computation(expr: Any) -> bool:
+    """A numeric expression still to be computed (1/4 + 1/4, 2*5, 2**10, x = 3 - 1), not a number; a percentage
+    (50%) counts as a number."""
+    import sympy
+
+    if isinstance(expr, sympy.Equality):
+        expr = expr.rhs
+    if not isinstance(expr, sympy.Basic) or not expr.is_number or expr.is_Atom:
+        return False
+    args = [a.args[0] if isinstance(a, sympy.UnevaluatedExpr) else a for a in expr.args]
+    if isinstance(expr, sympy.Mul) and len(args) == 2 and sympy.Rational(1, 100) in args:  # math-verify's 50%
+        other = args[0] if args[1] == sympy.Rational(1, 100) else args[1]
+        return not other.is_Atom
+    if isinstance(expr, sympy.Mul) and len(args) == 2 and -1 in args:  # -x: a sign, not a product
+        other = args[0] if args[1] == -1 else args[1]
+        return not other.is_Atom
+    return True
 
 
 def _equivalent(golds: list[str], pred_source: str) -> float:

@@ -21,7 +21,7 @@ MATH_CASES = [
     (r"\boxed{\{2, 1\}}", r"\{1,2\}", 1.0),
     (r"\boxed{y = 1 + 2x}", "y=2x+1", 1.0),
     (r"\boxed{\sqrt{2}}", r"\sqrt{2}", 1.0),
-    (r"\boxed{\frac{\frac{1}{2}}{\frac{1}{4}}}", r"\frac{4}{2}", 1.0),  # nested braces (math-verify decides)
+    (r"\boxed{\frac{\sqrt{\frac{1}{2}}}{\frac{1}{2}}}", r"\sqrt{2}", 1.0),  # nested braces (math-verify decides)
     (r"\boxed{\frac{\frac{1}{2}}{\frac{1}{4}}}", "2", 0.0),  # an integer gold wants the number itself
     (r"first \boxed{3} then \boxed{4}", "4", 1.0),  # several boxes: the last counts
     (r"first \boxed{4} then \boxed{3}", "4", 0.0),
@@ -144,3 +144,24 @@ def test_no_unevaluated_arithmetic_scores_for_an_integer_gold():
         assert get_reward("math").fn(wrap.format(e=str(value)), {"ground_truth": str(value)}) == 1.0
 
     check()
+
+
+RATIONAL_GOLD_CASES = [  # the same for a rational gold: a number (or a percentage) answers, a computation does not
+    (r"\boxed{1/4+1/4}", "0.5", 0.0),
+    (r"\boxed{2 \times 0.25}", "0.5", 0.0),
+    (r"\boxed{2^{-1}}", "0.5", 0.0),
+    (r"$x = \frac14+\frac14$", r"\frac{1}{2}", 0.0),
+    (r"\boxed{25\%+25\%}", "0.5", 0.0),
+    (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+    (r"\boxed{0.50}", "1/2", 1.0),
+    (r"\boxed{50\%}", "0.5", 1.0),
+    (r"$x = \frac12$", r"\frac{1}{2}", 1.0),
+    (r"\boxed{-\frac{1}{2}}", "-0.5", 1.0),
+    (r"The answer is $\frac{3}{4}$", "0.75", 1.0),
+    (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}", 1.0),  # irrational gold: math-verify decides
+]
+
+
+@pytest.mark.parametrize("completion,gold,expected", RATIONAL_GOLD_CASES)
+def test_rational_gold_needs_the_number(completion, gold, expected):
+    assert get_reward("math").fn(completion, {"ground_truth": gold}) == expected
