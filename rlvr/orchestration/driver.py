@@ -63,6 +63,7 @@ class Trainer:
         self.signals: Any = None  # StopSignals of the process, set by run.train
         self.stopped = False
         self.saved_step = -1  # the step of the last checkpoint written or restored
+        self.evaluated_step = -1  # the step of the last eval written to eval.jsonl
         self.engine_restarts = 0
         self.watch = EngineWatch(len(actors.engines), cfg.cluster.heartbeat_timeout_s)
         self.shaping = ShapingConfig(cfg.generation.max_new_tokens, a.overlong_buffer, a.overlong_penalty,
@@ -321,6 +322,7 @@ class Trainer:
 
         metrics.update(summarize_groups(glist, ks=default_ks(self.cfg.eval.num_samples))[0])  # same code as `rlvr eval`
         metrics["time/eval"] = time.perf_counter() - ev["t0"]
+        self.evaluated_step = ev["step"]
         # a blocking eval's metrics go to wandb with its step's
         self.log.eval(ev["step"], metrics, sample_records(glist, ev["step"], self.cfg.logging.num_logged_samples),
                       to_wandb=ev["overlapped"])
@@ -395,13 +397,23 @@ class Trainer:
             except StopRequested:
                 return self._stop(last)
             if m is None:
-                break
+                return self._end_of_data(last)
             last = m
             if m.get("learner/consecutive_skips", 0) >= self.cfg.learner.max_consecutive_skips:
                 raise RuntimeError(f"{int(m['learner/consecutive_skips'])} optimizer steps in a row were skipped "
                                    "for a non-finite loss or gradient (--learner.max-consecutive-skips "
                                    f"{self.cfg.learner.max_consecutive_skips}): lower --learner.lr, check the "
                                    "rewards and the data")
+        return last
+
+    def _end_of_data(self, last: dict[str, float]) -> dict[str, float]:
+        """The data ran out before num_steps: end as at num_steps, losing nothing trained: the eval in flight is
+        written, the last weights get their eval if none measured them, and the final checkpoint is saved."""
+        last.update(self.finish_eval())
+        if self.step > 0 and self.eval_requests and self.cfg.eval.every_n_steps and self.evaluated_step != self.step:
+            last.update(self.evaluate())
+        if self.step > 0 and self.cfg.checkpoint.save_final and self.saved_step != self.step:
+            self.save_checkpoint()
         return last
 
     def _stop(self, last: dict[str, float]) -> dict[str, float]:
