@@ -121,12 +121,11 @@ def _is_computation(expr: Any) -> bool:
     if not isinstance(expr, sympy.Basic) or not expr.is_number or expr.is_Atom:
         return False
     args = [a.args[0] if isinstance(a, sympy.UnevaluatedExpr) else a for a in expr.args]
-    if isinstance(expr, sympy.Mul) and len(args) == 2 and sympy.Rational(1, 100) in args:  # math-verify's 50%
-        other = args[0] if args[1] == sympy.Rational(1, 100) else args[1]
-        return not other.is_Atom
-    if isinstance(expr, sympy.Mul) and len(args) == 2 and -1 in args:  # -x: a sign, not a product
-        other = args[0] if args[1] == -1 else args[1]
-        return not other.is_Atom
+    if isinstance(expr, sympy.Mul) and len(args) == 2:
+        for unit in (sympy.Rational(1, 100), -1):  # math-verify's 50% is 50 * 1/100; -x is a sign, not a product
+            if unit in args:
+                other = args[0] if args[1] == unit else args[1]
+                return not other.is_Atom
     return True
 
 
@@ -148,11 +147,16 @@ def _integer_golds(golds: list[str]) -> list[int] | None:
     return values
 
 
-def _integer_answer(golds: list[int], answer: str) -> float:
-    """1.0 if the last number of `answer` is one of the integer golds: a result, not an expression for it."""
+def _last_number_matches(answer: str, golds: list[float], rel_tol: float) -> float:
+    """1.0 if the last number of `answer` equals one of `golds` (within `rel_tol`, relative above 1)."""
     number = last_number(answer)
     value = _to_float(number) if number is not None else None
-    return 1.0 if value is not None and any(abs(value - g) <= 1e-9 * max(1.0, abs(g)) for g in golds) else 0.0
+    return 1.0 if value is not None and any(abs(value - g) <= rel_tol * max(1.0, abs(g)) for g in golds) else 0.0
+
+
+def _integer_answer(golds: list[int], answer: str) -> float:
+    """1.0 if the last number of `answer` is one of the integer golds: a result, not an expression for it."""
+    return _last_number_matches(answer, [float(g) for g in golds], 1e-9)
 
 
 @register_reward("math")
@@ -211,15 +215,5 @@ def gsm8k_reward(completion_text: str, metadata: dict, rel_tol: float = 1e-6) ->
     golds = _golds(metadata)
     if golds is None:
         return None
-    pred = last_number(final_answer_text(completion_text))
-    if pred is None:
-        return 0.0
-    pred_value = _to_float(pred)
-    for gold in golds:
-        gold_text = gold.split("####")[-1]
-        gold_number = last_number(gold_text)
-        gold_value = _to_float(gold_number) if gold_number is not None else None
-        if gold_value is not None and pred_value is not None:
-            if abs(pred_value - gold_value) <= rel_tol * max(1.0, abs(gold_value)):
-                return 1.0
-    return 0.0
+    values = [_to_float(n) for n in (last_number(g.split("####")[-1]) for g in golds) if n is not None]
+    return _last_number_matches(final_answer_text(completion_text), [v for v in values if v is not None], rel_tol)
