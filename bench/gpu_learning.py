@@ -115,8 +115,7 @@ def run_one(config: str | None, seed: int, out_dir: Path, extra: list[str]) -> d
     except (OSError, json.JSONDecodeError, KeyError):
         by_dataset = {}
     if by_dataset:
-        headline = next(iter(by_dataset)) if not TARGETS.get(Path(config or "").name) else \
-            next(iter(TARGETS[Path(config or "").name]))
+        headline = next(iter(TARGETS.get(Path(config or "").name) or by_dataset))  # first target set, else first set
         h = by_dataset.get(headline, {})
         res = {"headline": headline, "curve": h.get("curve", []), "pass@1": h.get("pass@1"), "gain": h.get("gain"),
                "by_dataset": by_dataset, "wall_s": round(wall, 1), "rc": proc.returncode}

