@@ -4,14 +4,9 @@
 #   bash scripts/gpu_e2e.sh [2x|colocate|all|tp2|multi2|split4] [extra rlvr flags]
 # multi2 (2 GPUs) and split4 (4 GPUs) train with 2 DeepSpeed learner ranks: ZeRO-2 and ZeRO-3 over NCCL.
 set -uo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SITE="${SITE:-/tmp/site}"
-OUT="${OUT:-$REPO/gpu-out}"
 WHICH="${1:-all}"; shift || true
-mkdir -p "$OUT"
-cd "$REPO"
-export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_CUMEM_ENABLE=0
-export VLLM_WORKER_MULTIPROC_METHOD=spawn TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 COMMON=(--model.path builtin:qwen2.5-0.5b --data.datasets builtin:copy4 --data.apply-chat-template False
         --rollout.filter-zero-variance False --eval.every-n-steps 0 --eval.at-step-0 False
         --checkpoint.save-final False --checkpoint.output-dir /tmp/rlvr-runs --logging.console-progress False

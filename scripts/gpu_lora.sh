@@ -8,14 +8,9 @@
 #   bash scripts/gpu_lora.sh bench   # bench/gpu_grpo.py: 1.5B shape, full fine-tuning vs LoRA rank 16 on one GPU:
 #                                    # sync cycle, step time, peak memory per GPU (full_vs_lora line)
 set -uo pipefail
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SITE="${SITE:-/tmp/site}"
-OUT="${OUT:-$REPO/gpu-out}"
 WHICH="${1:-all}"; shift || true
-mkdir -p "$OUT"
-cd "$REPO"
-export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}" VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_CUMEM_ENABLE=0
-export VLLM_WORKER_MULTIPROC_METHOD=spawn TOKENIZERS_PARALLELISM=false RAY_DEDUP_LOGS=0 PYTHONUNBUFFERED=1
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 # peft: the host's own, unless a wheel travelled in .whl/ (here: pip download --no-deps peft==0.21.2 -d .whl)
 if ls "$REPO"/.whl/peft-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-peft "$REPO"/.whl/peft-*.whl \
