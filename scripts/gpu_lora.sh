@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU proof of LoRA RL (issue 20), on one GPU, with the offline bundle from ../shared/gpu-stack unpacked in $SITE
+# The GPU proof of LoRA RL (issue 20), on one GPU, with an offline bundle of vllm, ray and deepspeed unpacked in $SITE
 # (default /tmp/site; see scripts/gpu_check.sh). Output goes to $OUT (default gpu-out/): logs, metrics, one JSON line
 # per figure. Phases (default: all, about 25 minutes; each phase alone stays under 10 minutes):
 #   bash scripts/gpu_lora.sh tests   # tests/gpu/test_gpu_lora.py: vLLM log-probs = learner's after an adapter sync,
