@@ -14,7 +14,6 @@ import datetime
 import math
 import os
 import random
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,9 +29,15 @@ from rlvr.learner.logprobs import packed_logprobs
 from rlvr.learner.model import load_causal_lm
 from rlvr.rollout import lora
 from rlvr.telemetry.logs import get_logger
+from rlvr.telemetry.reduce import MetricReducer, ReducedMetrics
 from rlvr.types import MicroBatch, PackedBatch
 
 logger = get_logger(__name__)
+
+STEP_SHARES = ("loss/total", "loss/policy")
+"""Each micro-batch's value is its share of its optimizer step's loss (global normalisers): summed over micro-batches
+and ranks they give the step's loss; recorded divided by the number of optimizer steps of the call, so that the
+result is the mean over those steps of the true step loss."""
 
 
 def loss_config(cfg: ExperimentConfig) -> LossConfig:
@@ -95,14 +100,17 @@ class LearnerWorker:
         model.train()
         return out
 
-    def train_batch(self, batches: list[PackedBatch]) -> dict[str, float]:
-        """Train on one rollout batch (one PackedBatch per mini-batch); returns averaged `loss/`, `learner/`."""
+    def train_batch(self, batches: list[PackedBatch]) -> ReducedMetrics:
+        """Train on one rollout batch (one PackedBatch per mini-batch); returns this rank's `loss/`, `learner/`
+        metrics, reduced by type over micro- and mini-batches (`rlvr.telemetry.reduce`: merge the ranks' results
+        with `reduce_all`). `loss/total` is the optimizer step's loss (the mean over steps when there are several),
+        `loss/num_tokens` the loss tokens of the batch; the other `loss/` values are token-weighted means."""
         a = self.cfg.algorithm
-        multi_step = a.num_epochs * len(batches) > 1
+        num_steps = a.num_epochs * len(batches)
+        multi_step = num_steps > 1
         old = self._recompute(self.model, batches) if multi_step else None
         ref = self._recompute(self.ref_model, batches) if self.ref_model is not None else None
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
+        metrics = MetricReducer()
         self.model.train()
         for _epoch in range(a.num_epochs):
             for bi, pb in enumerate(batches):
@@ -128,17 +136,31 @@ class LearnerWorker:
                         break
                     self.backend.backward(loss, is_last=mi == len(pb.micro_batches) - 1)
                     if mask.any():
-                        for k, v in {**m_loss, **m_corr}.items():
-                            sums[k] += v
-                            counts[k] += 1
+                        self._record(metrics, {**m_loss, **m_corr}, num_tokens=float(mask.sum()),
+                                     num_steps=num_steps, num_epochs=a.num_epochs)
                 grad_norm, ok = self._optimizer_step(finite)
-                sums["learner/grad_norm"] += grad_norm if math.isfinite(grad_norm) else 0.0
-                counts["learner/grad_norm"] += 1
+                metrics.add("learner/grad_norm", grad_norm if math.isfinite(grad_norm) else 0.0, "mean")
         self.version += 1
-        out = {k: sums[k] / max(counts[k], 1) for k in sums}
-        out.update({"learner/lr": self.backend.lr(), "learner/skipped_steps": float(self.num_skipped_steps),
-                    "learner/consecutive_skips": float(self.consecutive_skips), "learner/version": float(self.version)})
-        return out
+        for key, value in {"learner/lr": self.backend.lr(), "learner/skipped_steps": float(self.num_skipped_steps),
+                           "learner/consecutive_skips": float(self.consecutive_skips),
+                           "learner/version": float(self.version)}.items():
+            metrics.add(key, value, "max")  # equal on every rank
+        return ReducedMetrics(metrics)
+
+    @staticmethod
+    def _record(metrics: MetricReducer, values: dict[str, float], num_tokens: float, num_steps: int,
+                num_epochs: int) -> None:
+        """One micro-batch's loss/correction metrics: step-loss shares and token counts summed, `_max`/`_min`
+        extremes, the rest (per-token means over the micro-batch's loss tokens) token-weighted means."""
+        for key, value in values.items():
+            if key in STEP_SHARES:
+                metrics.add(key, value / num_steps, "sum")
+            elif key == "loss/num_tokens":
+                metrics.add(key, value / num_epochs, "sum")
+            elif key.endswith("_max") or key.endswith("_min"):
+                metrics.add(key, value, "max" if key.endswith("_max") else "min")
+            else:
+                metrics.add(key, value, "mean", weight=num_tokens)
 
     def _optimizer_step(self, finite: bool) -> tuple[float, bool]:
         # every rank must agree on skipping, or the collectives of the others would hang
