@@ -33,7 +33,15 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.telemetry.reduce import MetricReducer, Reduction
 from rlvr.types import Group, MicroBatch, PackedBatch
+
+PACKING_REDUCTIONS: dict[str, Reduction] = {
+    "perf/packing_efficiency": "mean", "perf/padded_token_efficiency": "mean", "perf/num_packed_rows": "sum",
+    "perf/micro_batches_per_rank": "sum", "perf/dummy_micro_batches": "sum", "perf/rank_token_imbalance": "max"}
+"""How `build_packed_batches`' metrics combine over the mini-batches of a step (`pack_step`): rows and micro-batches
+add up (each rank runs all its mini-batches' micro-batches), the efficiencies average (weighted by rows), the
+worst imbalance counts."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +60,8 @@ class PackInput:
         return len(self.prompt_token_ids) + len(self.completion_token_ids)
 
 
-def pack_inputs_from_groups(groups: Sequence[Group]) -> list[PackInput]:
-    """One PackInput per sample, ids numbered 0.. in group order; uses `advantages` and `loss_masks`."""
+def pack_inputs_from_groups(groups: Sequence[Group], first_id: int = 0) -> list[PackInput]:
+    """One PackInput per sample, ids numbered `first_id`.. in group order; uses `advantages` and `loss_masks`."""
     inputs: list[PackInput] = []
     for group in groups:
         if len(group.advantages) != group.num_samples:
@@ -61,7 +69,7 @@ def pack_inputs_from_groups(groups: Sequence[Group]) -> list[PackInput]:
         masks = group.loss_masks or [True] * group.num_samples
         for sample, advantage, in_loss in zip(group.samples, group.advantages, masks):
             inputs.append(
-                PackInput(len(inputs), sample.prompt_token_ids, sample.completion_token_ids, sample.logprobs,
+                PackInput(first_id + len(inputs), sample.prompt_token_ids, sample.completion_token_ids, sample.logprobs,
                           float(advantage), bool(in_loss))
             )
     return inputs
@@ -242,3 +250,24 @@ def _imbalance(tokens_per_rank: Sequence[int]) -> float:
     """max / mean tokens per rank (1.0 = perfect balance)."""
     mean = sum(tokens_per_rank) / len(tokens_per_rank)
     return max(tokens_per_rank) / mean if mean else 1.0
+
+
+def pack_step(groups: Sequence[Group], *, num_mini_batches: int, pack_length: int, num_ranks: int = 1,
+              micro_batch_rows: int = 1, pad_token_id: int = 0) -> tuple[list[list[PackedBatch]], dict[str, float]]:
+    """One training step: one PackedBatch per (rank, mini-batch), the mini-batches splitting the groups evenly
+    (group j goes to mini-batch j mod n; sample ids unique over the step), and the packing metrics of all the
+    mini-batches (`PACKING_REDUCTIONS`)."""
+    num_mb = min(num_mini_batches, max(1, len(groups)))
+    per_rank: list[list[PackedBatch]] = [[] for _ in range(num_ranks)]
+    metrics = MetricReducer()
+    first_id = 0
+    for j in range(num_mb):
+        inputs = pack_inputs_from_groups(groups[j::num_mb], first_id)
+        first_id += len(inputs)
+        batches = build_packed_batches(inputs, pack_length=pack_length, num_ranks=num_ranks,
+                                       micro_batch_rows=micro_batch_rows, pad_token_id=pad_token_id)
+        for rank, pb in enumerate(batches):
+            per_rank[rank].append(pb)
+        metrics.add_all(batches[0].metrics, PACKING_REDUCTIONS,
+                        weight=batches[0].metrics["perf/num_packed_rows"] or 1.0)
+    return per_rank, metrics.result()

@@ -14,6 +14,7 @@ from rlvr.algorithms.packing import (
     build_packed_batches,
     first_fit_decreasing,
     pack_inputs_from_groups,
+    pack_step,
     packing_efficiency,
 )
 from rlvr.types import Group, Sample
@@ -97,6 +98,20 @@ def test_pack_inputs_from_groups() -> None:
     assert [i.in_loss for i in inputs] == [True, False, True, False]
     with pytest.raises(ValueError, match="advantages"):
         pack_inputs_from_groups([Group("q", samples)])
+
+
+def test_pack_step_splits_mini_batches_and_reduces_all_their_metrics() -> None:
+    groups = [Group(f"p{g}", [Sample(f"p{g}", i, [1, 2], [3] * (g + 1), "x", [-0.5] * (g + 1), "stop", 0, 0)
+                              for i in range(2)], advantages=[1.0, -1.0]) for g in range(3)]
+    per_rank, m = pack_step(groups, num_mini_batches=2, pack_length=8, num_ranks=2)
+    assert [len(r) for r in per_rank] == [2, 2]  # one PackedBatch per (rank, mini-batch)
+    ids = [set(mb.sample_ids[mb.sample_ids >= 0].tolist()) for r in per_rank for pb in r for mb in pb.micro_batches]
+    assert set().union(*ids) == set(range(6))  # unique over the step
+    mini = [build_packed_batches(pack_inputs_from_groups(groups[j::2]), pack_length=8, num_ranks=2)[0].metrics
+            for j in range(2)]
+    assert m["perf/num_packed_rows"] == sum(x["perf/num_packed_rows"] for x in mini)  # every mini-batch, not the last
+    assert m["perf/micro_batches_per_rank"] == sum(x["perf/micro_batches_per_rank"] for x in mini)
+    assert m["perf/rank_token_imbalance"] == max(x["perf/rank_token_imbalance"] for x in mini)
 
 
 def test_efficiency() -> None:
