@@ -1,27 +1,63 @@
-"""Ray actors: thin shells around the plain engine, learner and verifier classes.
+"""Ray actors: thin shells around the plain engine, learner and verifier classes, and `actor_get`, the one way the
+driver side waits on them.
 
-The only module (with driver.py and run.py) that knows Ray. Each actor records its last heartbeat and
-answers `ping()`; engines are threaded (max_concurrency > 1) so that `poll()` and the weight-sync receive run
-while the engine's own worker thread generates.
+Ray is known here, in run.py (cluster start, placement, actor creation) and in the driver-side modules that call
+actors (driver.py, rollouts.py, weight_updates.py); the engines, learners, verifiers and weight-sync transports
+below these shells are plain classes. Each actor records its last heartbeat and answers `ping()`; engines are
+threaded (max_concurrency > 1) so that `poll()` and the weight-sync receive run while the engine's own worker
+thread generates. Weight sync: learners hold a `WeightSender`, engines a `WeightReceiver`
+(`rlvr.weight_sync.transport`), made by `init_weight_sync` for the transport the actor factory picked.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
 import ray
 
 from rlvr.config import ExperimentConfig
+from rlvr.orchestration.health import ActorFailure, EngineFailure, LearnerFailure, describe
+from rlvr.orchestration.local_cluster import free_port
 from rlvr.types import PromptRequest, RewardResult, Sample
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def actor_get(refs: Any, failure: type[ActorFailure], what: str, timeout_s: float, index: int | None = None) -> Any:
+    """ray.get on calls to actors of one role (`failure`: EngineFailure or LearnerFailure): a dead or hung actor
+    becomes that failure naming it. `refs`: one ref (the call to actor `index`) or a list, one per actor in order
+    (which one died is probed; a timeout names `index`, default 0)."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as e:
+        raise failure(index or 0, f"{what} did not answer within {timeout_s:g}s") from e
+    except ray.exceptions.RayActorError as e:
+        if index is None:
+            index = next((i for i, r in enumerate(refs if isinstance(refs, list) else [refs]) if _failed(r)), 0)
+        raise failure(index, f"died during {what}: {describe(e)}") from e
+
+
+def learner_get(refs: list, what: str, timeout_s: float) -> list:
+    """`actor_get` on one call per learner rank."""
+    return actor_get(refs, LearnerFailure, what, timeout_s)
+
+
+def engine_get(ref: Any, engine_index: int, timeout_s: float, what: str = "a call") -> Any:
+    """`actor_get` on one call to engine `engine_index`; a value that is no ObjectRef is an in-process handle's
+    answer (tests' fake engines), returned as it is."""
+    if not isinstance(ref, ray.ObjectRef):
+        return ref
+    return actor_get(ref, EngineFailure, what, timeout_s, engine_index)
+
+
+def _failed(ref: Any) -> bool:
+    try:
+        ray.get(ref, timeout=0)
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except Exception:  # noqa: BLE001 - probing which call failed
+        return True
 
 
 def node_ip() -> str:
@@ -62,7 +98,7 @@ class EngineActor(_Base):
                 max_batch_size=cfg.rollout.engine_batch_size, inflight_updates=cfg.rollout.inflight_updates,
                 num_threads=max(1, int(cfg.cluster.cpus_per_actor)) if device == "cpu" else None,
                 initial_version=initial_version, lora=LoraSpec.from_config(cfg))
-        self.sync = None
+        self.receiver: Any = None  # a rlvr.weight_sync.transport.WeightReceiver, from init_weight_sync
 
     def submit(self, requests: list[PromptRequest]) -> None:
         self.engine.submit(requests)
@@ -87,41 +123,26 @@ class EngineActor(_Base):
 
     def init_weight_sync(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float,
                          transport: str = "gloo") -> None:
-        """Join learner rank 0's group: gloo (CPU), NCCL through vLLM's weight-transfer engine, or IPC."""
-        self.transport = transport
-        if transport == "gloo":
-            from rlvr.weight_sync.gloo import GlooWeightGroup
+        """Join learner rank 0's weight-sync group as `rank` (`rlvr.weight_sync.transport.make_receiver`)."""
+        from rlvr.weight_sync.transport import make_receiver
 
-            self.sync = GlooWeightGroup(addr, port, rank, world_size, timeout_s)
-        elif transport != "shm":  # shm: LoRA adapters arrive as paths (load_adapter)
-            self.engine.init_weight_transfer(addr, port, rank, world_size, timeout_s)
+        old, self.receiver = self.receiver, None
+        self.receiver = make_receiver(transport, self.engine, addr=addr, port=port, rank=rank,
+                                      world_size=world_size, timeout_s=timeout_s, lora=self.cfg.learner.lora_rank > 0)
+        if old is not None:
+            old.close()
 
-    def receive_weights(self, version: int, info: dict | None = None) -> dict[str, float]:
-        """pause -> receive -> load -> version bump -> resume (the engine's update protocol)."""
-        t0 = time.perf_counter()
-        if self.transport == "nccl":
-            phases = self.engine.receive_weights_nccl(info, version)  # pause / receive+load / finish seconds
-            return {**phases, "sync/receive_s": time.perf_counter() - t0, "sync/load_s": 0.0}
-        named = list(self.sync.receive())
-        t1 = time.perf_counter()
-        self.engine.load_weights(named, version)
-        return {"sync/receive_s": t1 - t0, "sync/load_s": time.perf_counter() - t1}
+    def begin_weight_sync(self) -> float:
+        """Pause ahead of the learners' send (transports whose chunks load as they arrive); seconds."""
+        return self.receiver.begin()
 
-    def load_adapter(self, path: str, version: int) -> float:
-        """LoRA through shared memory: load the adapter directory learner rank 0 wrote; returns seconds."""
-        t0 = time.perf_counter()
-        self.engine.load_adapter_dir(path, version)
-        return time.perf_counter() - t0
-
-    # colocated (CUDA IPC) update steps and vLLM sleep/wake
-    def begin_weight_update(self) -> float:
-        return self.engine.begin_weight_update()
+    def receive_weights(self, version: int, info: Any = None) -> dict[str, float]:
+        """receive -> pause -> load -> version bump -> resume (the engine's update protocol); `sync/*` seconds."""
+        return self.receiver.receive(version, info)
 
     def update_weights_chunk(self, info: dict) -> None:
+        """One CUDA IPC chunk, delivered by learner rank 0 between `begin_weight_sync` and `receive_weights`."""
         self.engine.update_weights_chunk(info)
-
-    def finish_weight_update(self, version: int) -> dict[str, float]:
-        return self.engine.finish_weight_update(version)
 
     def sleep(self, level: int = 1) -> None:
         self.engine.sleep(level)
@@ -146,7 +167,7 @@ class LearnerActor(_Base):
     def __init__(self) -> None:
         self.worker = None
         self.rank = -1
-        self.sync = None
+        self.sender: Any = None  # a rlvr.weight_sync.transport.WeightSender, from init_weight_sync
 
     def setup(self, cfg: ExperimentConfig, model_path: str, rank: int, world_size: int,
               master_addr: str, master_port: int, device: str) -> None:
@@ -162,67 +183,28 @@ class LearnerActor(_Base):
     def train_batch(self, batches: list) -> dict[str, float]:
         return self.worker.train_batch(batches)
 
-    def weight_metadata(self) -> dict:
-        """Names, dtypes, shapes in send order (every rank iterates: ZeRO-3 gathers are collective)."""
-        from rlvr.weight_sync.nccl import weight_metadata
-
-        return weight_metadata(self.worker.named_weights())
-
     def init_weight_sync(self, addr: str, port: int, world_size: int, timeout_s: float,
                          transport: str = "gloo") -> dict | None:
-        """Rank 0 opens the learner -> engines group; returns the engines' update info for NCCL."""
-        self.transport = transport
-        if transport == "shm":  # LoRA on one host: rank 0 writes adapter directories into shared memory
-            if self.rank == 0 and self.sync is None:
-                from rlvr.rollout.lora import SharedMemoryAdapters
+        """This rank's end of the learner -> engines transport (rank 0 hosts the group at addr:port); returns what
+        the engines need ahead of every update (NCCL metadata, from rank 0), else None."""
+        from rlvr.weight_sync.transport import make_sender
 
-                self.sync = SharedMemoryAdapters(self.worker.lora, self.worker.model_path, "learner")
-            return None
-        if transport == "gloo":
-            if self.rank == 0:
-                from rlvr.weight_sync.gloo import GlooWeightGroup
+        old, self.sender = self.sender, None
+        self.sender = make_sender(transport, rank=self.rank, addr=addr, port=port, world_size=world_size,
+                                  timeout_s=timeout_s, named_weights=self.worker.named_weights,
+                                  lora=self.worker.lora, model_path=self.worker.model_path, previous=old)
+        if old is not None and old is not self.sender:
+            old.close()
+        return self.sender.engine_info()
 
-                self.sync = GlooWeightGroup(addr, port, 0, world_size, timeout_s)
-            return None
-        if transport == "nccl" and self.rank != 0:
-            self.meta = self.weight_metadata()  # take part in the gathers only
-            return None
-        if transport == "nccl":
-            from rlvr.weight_sync.nccl import NcclWeightSender
+    def send_weights(self, engines: list | None = None, version: int = 0) -> dict[str, Any]:
+        """Every rank takes part (ZeRO-3 gathers); rank 0 transfers. `engines`: where rank 0 delivers IPC chunks."""
+        def deliver(info: dict) -> None:
+            ray.get([e.update_weights_chunk.remote(info) for e in engines or []], timeout=600)
 
-            self.meta = self.weight_metadata()
-            self.sync = NcclWeightSender(addr, port, world_size)
-            return self.sync.update_info(self.meta)
-        self.meta = self.weight_metadata()
-        return None
+        from rlvr.weight_sync.transport import send_all
 
-    def send_weights(self, engines: list | None = None, version: int = 0) -> dict[str, float]:
-        """Every rank takes part (ZeRO-3 gathers); rank 0 sends (gloo/NCCL broadcast, or IPC chunks)."""
-        named = self.worker.named_weights()
-        try:
-            if self.transport == "shm":
-                if self.rank != 0:
-                    return {}
-                t0 = time.perf_counter()
-                path = self.sync.write(named, version)
-                return {"path": str(path), "sync/seconds": time.perf_counter() - t0,
-                        "sync/bytes": float(path.joinpath("adapter_model.safetensors").stat().st_size)}
-            if self.transport == "ipc":
-                from rlvr.weight_sync.ipc import IpcWeightSender
-
-                def deliver(info: dict) -> None:
-                    ray.get([e.update_weights_chunk.remote(info) for e in engines], timeout=600)
-
-                sender = IpcWeightSender(deliver if self.rank == 0 else (lambda info: None))
-                return sender.send(named, self.meta)
-            if self.rank == 0:
-                return self.sync.send(named, self.meta) if self.transport == "nccl" else self.sync.send(named)
-            return {}
-        finally:
-            # ZeRO-3 gathers are collectives: finish them even when the send failed midway, or the other ranks
-            # wait in the next bucket's gather (no-op when the sender consumed everything)
-            for _ in named:
-                pass
+        return send_all(self.sender, self.worker.named_weights(), version, deliver)
 
     def score(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
         return self.worker.score(prompt_ids, completion_ids)
@@ -239,8 +221,8 @@ class LearnerActor(_Base):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
-        if self.sync is not None and self.transport == "shm":
-            self.sync.close()
+        if self.sender is not None:
+            self.sender.close()
 
 
 @ray.remote(max_concurrency=4)

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 
 def free_port() -> int:
-    """A TCP port free right now on this machine (the OS picks it)."""
+    """A TCP port free right now on every interface of this machine (the OS picks it): for the Ray head here, and
+    for the rendezvous an actor hosts for other nodes (`rlvr.orchestration.actors`)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 

@@ -144,7 +144,7 @@ class ActorFactory:
 
         self.cfg, self.model_dir, self.device = cfg, model_dir, device
         self.sync_info: dict | None = None
-        self.sync_transport: str | None = None  # what connect_weight_sync chose (transport, or "shm" for LoRA)
+        self.sync_transport: str | None = None  # the transport connect_weight_sync connected (may be "shm" for LoRA)
         self.placement_groups: dict[int, Any] = {}
         c, gpu = cfg.cluster, device.startswith("cuda")
         env = faults.env_vars()
@@ -224,13 +224,15 @@ class ActorFactory:
 
     @property
     def transport(self) -> str:
-        """gloo on CPU; CUDA IPC when learners and engines share GPUs; else NCCL through vLLM's API. LoRA takes
-        gloo (only the adapter, about 1% of the weights, travels, as CPU tensors) or, where every engine shares
-        learner rank 0's host, shared memory (`connect_weight_sync` picks "shm": learner rank 0 writes the adapter to
-        /dev/shm, the engines load it from there); never vLLM's weight-transfer API."""
-        if not self.device.startswith("cuda") or self.cfg.rollout.backend != "vllm" or self.cfg.learner.lora_rank > 0:
-            return "gloo"
-        return "ipc" if self.cfg.cluster.colocate else "nccl"
+        """The weight-sync transport for these actors before their hosts are known (`rlvr.weight_sync.transport.
+        pick_kind`; LoRA may still become "shm" in `connect_weight_sync`)."""
+        return self._pick_transport(one_host=False)
+
+    def _pick_transport(self, one_host: bool) -> str:
+        from rlvr.weight_sync.transport import pick_kind
+
+        return pick_kind(gpu=self.device.startswith("cuda"), vllm=self.cfg.rollout.backend == "vllm",
+                         lora=self.cfg.learner.lora_rank > 0, colocate=self.cfg.cluster.colocate, one_host=one_host)
 
     @property
     def colocated(self) -> bool:
@@ -244,11 +246,12 @@ class ActorFactory:
         ranks start at 1 + i * engine_tp (one per tensor-parallel worker)."""
         import ray
 
-        timeout, t = self.cfg.cluster.actor_timeout_s, self.transport
-        if self.cfg.learner.lora_rank > 0 and _one_host(actors, timeout):
-            t = "shm"  # LoRA with every engine on learner rank 0's host: the adapter goes through shared memory
+        from rlvr.weight_sync.transport import ranks_per_engine
+
+        timeout = self.cfg.cluster.actor_timeout_s
+        t = self._pick_transport(one_host=self.cfg.learner.lora_rank > 0 and _one_host(actors, timeout))
         self.sync_transport = t
-        tp = self.cfg.cluster.engine_tp if t == "nccl" else 1
+        tp = ranks_per_engine(t, self.cfg.cluster.engine_tp)
         waddr, wport = ray.get(actors.learners[0].address.remote(), timeout=timeout)
         world = 1 + len(actors.engines) * tp
         refs = [lrn.init_weight_sync.remote(waddr, wport, world, timeout, t) for lrn in actors.learners]

@@ -1,15 +1,14 @@
 """The driver's side of a weight update (INTERFACES §4): learners -> engines after every optimizer step.
 
-Two transports, picked by the actor factory:
-- broadcast (NCCL on GPUs, gloo on CPU): learner rank 0 sends while every engine receives; an engine that
-  dies mid-update becomes an `EngineFailure` naming it (the driver replaces it and updates again).
-- `ipc` (colocated): the engines slept while the learners trained; wake the weights, stream CUDA IPC chunks,
-  finish, then bring the KV cache back (keeps peak GPU memory at one copy of the weights plus the learner's).
-- LoRA (`learner.lora_rank` > 0) moves only the adapter: through shared memory when every engine shares learner
-  rank 0's host (`shm`: rank 0 writes a PEFT directory under /dev/shm, the engines load it), else broadcast over
-  gloo; sleeping engines wake their weights first (the adapter slots live there) and their KV cache after.
-
-Every `ray.get` has the actor timeout; a learner that dies or hangs becomes a `LearnerFailure`.
+The transport (`rlvr.weight_sync.transport`: gloo, nccl, ipc, or shm for LoRA on one host) is what the actor factory
+connected (`ActorFactory.connect_weight_sync`); learner and engine actors hold its sender and receivers, and every
+kind runs the same sequence here, ordered by its `Steps`:
+  [engines asleep (colocated vLLM): wake their weights] -> [`begin`: engines pause] -> every learner rank
+  `send_weights` -> every engine `receive_weights` (during the send for a collective, else after it, given the
+  sender's handoff) -> [wake the KV cache].
+Waking the weights first and the KV cache last keeps peak GPU memory at one copy of the weights plus the learner's.
+An engine that dies mid-update becomes an `EngineFailure` naming it (the driver replaces it and updates again); a
+learner that dies or hangs becomes a `LearnerFailure`. Every `ray.get` has the actor timeout.
 """
 
 from __future__ import annotations
@@ -18,7 +17,11 @@ from typing import Any
 
 import ray
 
-from rlvr.orchestration.health import EngineFailure, LearnerFailure, describe
+from rlvr.orchestration.actors import learner_get
+from rlvr.orchestration.health import EngineFailure, describe
+from rlvr.weight_sync.transport import HANDOFF, steps
+
+__all__ = ["WeightUpdater", "learner_get", "engine_sync_metrics"]
 
 
 class WeightUpdater:
@@ -44,81 +47,54 @@ class WeightUpdater:
     def sync(self, version: int) -> dict[str, float]:
         """Every engine ends at `version` with the learners' weights; returns the `sync/*` metrics."""
         factory = self.actors.factory
-        transport = getattr(factory, "sync_transport", None) or factory.transport
-        if transport == "ipc":
-            return self._sync_ipc(version)
-        move = self._sync_shm if transport == "shm" else self._sync_broadcast
+        kind = getattr(factory, "sync_transport", None) or factory.transport
         if not self.engines_asleep:
-            return move(version)
-        self.engines("wake_up", ["weights"])  # colocated LoRA: the adapter slots live with the weights
-        out = move(version)
+            return self._move(version, kind)
+        self.engines("wake_up", ["weights"])  # the update lands in the weights (LoRA: the adapter slots live there)
+        out = self._move(version, kind)
         self.engines("wake_up", ["kv_cache"])
         self.engines_asleep = False
         return out
 
-    def _sync_ipc(self, version: int) -> dict[str, float]:
-        if self.engines_asleep:
-            self.engines("wake_up", ["weights"])
-        self.engines("begin_weight_update")
-        sent = learner_get([lrn.send_weights.remote(self.actors.engines, version) for lrn in self.actors.learners],
-                           "send_weights", self.timeout)[0]
-        self.engines("finish_weight_update", version)
-        if self.engines_asleep:
-            self.engines("wake_up", ["kv_cache"])
-            self.engines_asleep = False
-        return dict(sent)
+    def _move(self, version: int, kind: str) -> dict[str, float]:
+        order = steps(kind)
+        engines = self.actors.engines
+        if order.begin:
+            self.engines("begin_weight_sync")
+        sends = [lrn.send_weights.remote(engines, version) for lrn in self.actors.learners]
+        if order.concurrent:
+            got = self._received([e.receive_weights.remote(version, self.actors.factory.sync_info) for e in engines],
+                                 cancel=sends[0])
+            sent = dict(learner_get(sends, "send_weights", self.timeout)[0])
+        else:
+            sent = dict(learner_get(sends, "send_weights", self.timeout)[0])
+            handoff = sent.pop(HANDOFF, None)
+            got = self._received([e.receive_weights.remote(version, handoff) for e in engines])
+        return {**sent, **engine_sync_metrics(got)}
 
-    def _sync_shm(self, version: int) -> dict[str, float]:
-        """LoRA on one host: learner rank 0 writes the adapter (PEFT directory) into shared memory, then every
-        engine loads it from there."""
-        sent = dict(learner_get([lrn.send_weights.remote(None, version) for lrn in self.actors.learners],
-                                "send_weights", self.timeout)[0])
-        path = sent.pop("path")
-        refs = [e.load_adapter.remote(path, version) for e in self.actors.engines]
+    def _received(self, refs: list, cancel: Any = None) -> list[dict[str, float]]:
+        """Every engine's receive; one that died is an `EngineFailure` (and the learners' send, a collective
+        waiting for it, is cancelled)."""
         got = []
         for i, ref in enumerate(refs):
             try:
                 got.append(ray.get(ref, timeout=self.timeout))
             except ray.exceptions.RayActorError as err:
+                if cancel is not None:
+                    ray.cancel(cancel, force=False)
                 raise EngineFailure(i, f"died during weight sync: {describe(err)}") from err
-        sent["sync/engine_load_s_max"] = max(got)
-        return sent
-
-    def _sync_broadcast(self, version: int) -> dict[str, float]:
-        refs = [lrn.send_weights.remote() for lrn in self.actors.learners]
-        recv = [e.receive_weights.remote(version, self.actors.factory.sync_info) for e in self.actors.engines]
-        got = []
-        for i, ref in enumerate(recv):
-            try:
-                got.append(ray.get(ref, timeout=self.timeout))
-            except ray.exceptions.RayActorError as err:
-                ray.cancel(refs[0], force=False)
-                raise EngineFailure(i, f"died during weight sync: {describe(err)}") from err
-        out = dict(learner_get(refs, "send_weights", self.timeout)[0])
-        out["sync/engine_load_s_max"] = max(g["sync/load_s"] for g in got)
-        for key in ("pause_s", "receive_load_s", "finish_s", "engine_total_s", "receive_s"):
-            vals = [g[f"sync/{key}"] for g in got if f"sync/{key}" in g]
-            if vals:  # where an update's time goes on the engines (vLLM pause, transfer+load, resume)
-                out[f"sync/engine_{key.removeprefix('engine_')}_max"] = max(vals)
-        return out
+        return got
 
 
-def learner_get(refs: list, what: str, timeout_s: float) -> list:
-    """ray.get on one call per learner rank; a dead or hung rank becomes a `LearnerFailure` naming it."""
-    try:
-        return ray.get(refs, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError as e:
-        raise LearnerFailure(0, f"{what} did not finish within --cluster.actor-timeout-s {timeout_s:g}") from e
-    except ray.exceptions.RayActorError as e:
-        index = next((i for i, r in enumerate(refs) if _failed(r)), 0)
-        raise LearnerFailure(index, f"died during {what}: {describe(e)}") from e
-
-
-def _failed(ref: Any) -> bool:
-    try:
-        ray.get(ref, timeout=0)
-        return False
-    except ray.exceptions.GetTimeoutError:
-        return False
-    except Exception:  # noqa: BLE001 - probing which call failed
-        return True
+def engine_sync_metrics(got: list[dict[str, float]]) -> dict[str, float]:
+    """The slowest engine's load seconds (`sync/engine_load_s_max`) and phases (vLLM pause, transfer+load, finish,
+    total, receive: `sync/engine_<phase>_max`), where the receivers report them."""
+    out: dict[str, float] = {}
+    loads = [g["sync/load_s"] for g in got if "sync/load_s" in g]
+    if loads:
+        out["sync/engine_load_s_max"] = max(loads)
+    for key in ("pause_s", "receive_load_s", "finish_s", "engine_total_s", "receive_s"):
+        vals = [g[f"sync/{key}"] for g in got if f"sync/{key}" in g]
+        if vals:
+            out[f"sync/engine_{key.removeprefix('engine_')}_max"] = max(vals)
+    return out

@@ -16,6 +16,9 @@ Invariants every implementation keeps:
   finished. A weight update is pause -> (drain running requests when in-flight updates are off) -> load ->
   bump `policy_version` -> resume; with in-flight updates running sequences continue on the new weights, so
   `version_end` can exceed `version_start`.
+- How weights get in is not part of this protocol but of the weight-sync transport
+  (`rlvr.weight_sync.transport`): the transformers engine takes HF-named tensors in process (`load_weights`),
+  vLLM only through its weight-transfer API (NCCL, CUDA IPC); with LoRA both take the adapter (`AdapterLoading`).
 - With `SamplingParams.seed` set, sample j of a prompt draws from its own generator seeded with seed + j,
   so its tokens do not depend on which other requests share the batch.
 - An exception raised inside an engine's background work is re-raised by the next `poll`, `generate` or
@@ -50,7 +53,7 @@ class GenerationEngine(Protocol):
 
     @property
     def policy_version(self) -> int:
-        """The version of the weights currently loaded (bumped by `load_weights`)."""
+        """The version of the weights currently loaded (bumped by every weight update)."""
         ...
 
     def submit(self, requests: list[PromptRequest]) -> None:
@@ -67,11 +70,6 @@ class GenerationEngine(Protocol):
 
     def resume(self) -> None:
         """Admit requests again after `pause`."""
-        ...
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """pause -> (drain if in-flight updates are off) -> load HF-named tensors -> policy_version = version
-        -> resume (unless the caller had paused the engine itself)."""
         ...
 
     def score(
@@ -94,6 +92,20 @@ class GenerationEngine(Protocol):
 
     def shutdown(self) -> None:
         """Stop background work and free the model; idempotent."""
+        ...
+
+
+@runtime_checkable
+class AdapterLoading(Protocol):
+    """An engine serving a LoRA adapter (`learner.lora_rank` > 0): each call is a weight update as above, replacing the
+    adapter and setting `policy_version = version`."""
+
+    def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """The adapter's tensors under PEFT on-disk names (`rlvr.rollout.lora`)."""
+        ...
+
+    def load_adapter_dir(self, path: str, version: int) -> None:
+        """A PEFT adapter directory on this host (shared memory; data only)."""
         ...
 
 

@@ -173,10 +173,16 @@ class TransformersEngine:
                     self._cond.notify_all()
         logger.debug("engine %d loaded %d tensors, policy version %d", self.engine_id, num_loaded, version)
 
+    def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """LoRA: `load_weights` with the adapter's tensors (PEFT on-disk names)."""
+        if self.lora is None:
+            raise ValueError(f"engine {self.engine_id}: load_adapter needs LoRA (--learner.lora-rank > 0)")
+        self.load_weights(named_tensors, version)
+
     def load_adapter_dir(self, path: str, version: int) -> None:
-        """LoRA: `load_weights` with the tensors of a PEFT adapter directory (shared memory; data only)."""
+        """LoRA: `load_adapter` with the tensors of a PEFT adapter directory (shared memory; data only)."""
         _, tensors = read_adapter_dir(path)
-        self.load_weights(tensors.items(), version)
+        self.load_adapter(tensors.items(), version)
 
     def score(
         self, prompt_token_ids: list[int], completion_token_ids: list[int], temperature: float = 1.0

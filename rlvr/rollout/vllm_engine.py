@@ -1,8 +1,9 @@
 """The vLLM generation engine (GPU): `GenerationEngine` (INTERFACES.md §3) on vLLM 0.26's `AsyncLLM`.
 
 A plain class (no Ray). `AsyncLLM` runs on an asyncio loop in a background thread owned by this object;
-every public method is synchronous, thread-safe, and hands its work to that loop. vllm is imported only
-here and only inside functions, so `import rlvr.rollout.vllm_engine` works without the `gpu` extra.
+every public method is synchronous, thread-safe, and hands its work to that loop. The weight-update methods (vLLM's
+weight-transfer sessions, IPC chunks, LoRA adapters) live in `rlvr.rollout.vllm_weights`, a mixin of this class. vllm
+is imported only in these two modules and only inside functions, so importing them works without the `gpu` extra.
 
 Invariants:
 - A prompt's `num_samples` samples go to vLLM as separate n=1 requests with seeds seed + j (vLLM's own n>1
@@ -42,20 +43,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import torch
-
 from rlvr.config import ExperimentConfig
 from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError, GroupBook
-from rlvr.rollout.lora import ADAPTER_NAME, LoraSpec, SharedMemoryAdapters, vllm_engine_args
+from rlvr.rollout.lora import LoraSpec, SharedMemoryAdapters, vllm_engine_args
 from rlvr.rollout.sampling import validate_request
+from rlvr.rollout.vllm_weights import LORA_ID, VLLMWeightUpdates, allow_ipc_handles
 from rlvr.types import FinishReason, PromptRequest, Sample
 from rlvr.types import SamplingParams as RlvrSamplingParams
 
@@ -63,8 +62,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-LORA_ID = 1
-"""vLLM's id of the policy's adapter (ids start at 1); every update replaces it in place."""
 _FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
 """vLLM finish reasons kept as they are; anything else ("abort", "error", "repetition") becomes "abort"."""
 
@@ -116,7 +113,7 @@ class _SchedulerStatsTap:
         pass
 
 
-class VLLMEngine:
+class VLLMEngine(VLLMWeightUpdates):
     """Generation with vLLM's async engine (continuous batching) behind the rlvr engine protocol."""
 
     def __init__(
@@ -194,9 +191,7 @@ class VLLMEngine:
             **engine_kwargs,
         )
         if self.weight_transfer_backend == "ipc":
-            # the engine core's workers unpickle the CUDA IPC handles of our own learner (ipc_handles_pickled;
-            # vLLM refuses without this); set before vLLM spawns them so they inherit it
-            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+            allow_ipc_handles()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=f"vllm-engine-{engine_id}", daemon=True)
         self._thread.start()
@@ -230,32 +225,6 @@ class VLLMEngine:
     def resume(self) -> None:
         self._user_paused = False
         self._loop.call_soon_threadsafe(self._pump)
-
-    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """In-process tensors -> engine. With LoRA: the adapter's tensors (PEFT names, any device), loaded through
-        shared memory. Else only the `ipc` backend can take tensors from this process (CUDA IPC handles to copies
-        on this process's current GPU); with `nccl` use `receive_weights_nccl`."""
-        if self._adapters is not None:
-            self.load_adapter_dir(str(self._adapters.write(named_tensors, version)), version)
-            return
-        if self.weight_transfer_backend != "ipc":
-            raise NotImplementedError("VLLMEngine.load_weights needs weight_transfer_backend='ipc'; with NCCL the "
-                                      "learner sends through rlvr.weight_sync.nccl and the engine calls "
-                                      "receive_weights_nccl")
-        from rlvr.weight_sync.ipc import ipc_update_infos
-
-        tensors = [(n, t.detach().to("cuda").contiguous()) for n, t in named_tensors]  # kept alive until loaded
-        self.begin_weight_update()
-        try:
-            for info in ipc_update_infos(tensors):
-                self.update_weights_chunk(info)
-        finally:
-            self.finish_weight_update(version)
-        del tensors
-
-    def load_adapter_dir(self, path: str, version: int) -> None:
-        """LoRA: serve the PEFT adapter directory at `path` (on this host) from now on, loaded in place."""
-        self._call(self._adapter_update(path, version))
 
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int],
               temperature: float = 1.0) -> list[float]:
@@ -326,44 +295,6 @@ class VLLMEngine:
         if self._adapters is not None:
             self._adapters.close()
 
-    # ------------------------------------------------------------------ weight sync (engine side)
-    def init_weight_transfer(self, master_addr: str = "", master_port: int = 0, rank_offset: int = 1,
-                             world_size: int = 2, timeout_s: float = 600.0) -> None:
-        """Join the trainer's weight-transfer group. NCCL: blocks until every member joined, so call it
-        concurrently with `NcclWeightSender(...)` on learner rank 0; this engine's TP workers take ranks
-        rank_offset .. rank_offset + engine_tp - 1 (rank_offset = 1 + engine_index * engine_tp). IPC: no-op."""
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-        info: dict[str, Any] = {}
-        if self.weight_transfer_backend != "ipc":
-            info = {"master_address": master_addr, "master_port": int(master_port),
-                    "rank_offset": int(rank_offset), "world_size": int(world_size)}
-        self._call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
-                   timeout=timeout_s)
-
-    def begin_weight_update(self) -> float:
-        """Stop admission, pause vLLM (keep or drain), start the update session; returns seconds taken."""
-        self._raise_if_failed()
-        return self._call(self._begin_update())
-
-    def update_weights_chunk(self, update_info: dict[str, Any]) -> None:
-        """Load one chunk (backend-specific `update_info`: names, dtype_names, shapes, packed, ...)."""
-        self._call(self._guard(self._update_chunk(update_info)))
-
-    def finish_weight_update(self, version: int) -> dict[str, float]:
-        """Finish the session, set policy_version = version, resume; returns seconds taken."""
-        return self._call(self._finish_update(version))
-
-    def receive_weights_nccl(self, metadata: dict[str, Any], version: int, *, packed: bool = True,
-                             timeout_s: float | None = None) -> dict[str, float]:
-        """One whole NCCL update: run it concurrently with `NcclWeightSender.send` on learner rank 0.
-
-        `metadata` = {"names", "dtype_names", "shapes"} in the sender's order (`rlvr.weight_sync.nccl.
-        weight_metadata`), plus optional packed_buffer_size_bytes / packed_num_buffers equal to the sender's.
-        """
-        info = {**metadata, "packed": packed}
-        return self._call(self._nccl_update(info, version), timeout=timeout_s)
-
     # ------------------------------------------------------------------ colocated mode
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory (level 1: weights to CPU, KV dropped; level 2: both dropped, buffers kept).
@@ -402,94 +333,6 @@ class VLLMEngine:
 
     async def _shutdown_llm(self, llm: Any) -> None:
         llm.shutdown()
-
-    async def _guard(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run an update step; a failure marks the engine failed (weights may be partly loaded)."""
-        try:
-            return await coro
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-
-    async def _begin_update(self, transfer: bool = True) -> float:
-        t0 = time.perf_counter()
-        self._updating = True
-        try:
-            await self._llm.pause_generation(mode="keep" if self.inflight_updates else "wait", clear_cache=False)
-            if transfer:  # a weight-transfer session (not for LoRA adapters)
-                await self._llm.start_weight_update()
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        return time.perf_counter() - t0
-
-    async def _update_chunk(self, update_info: dict[str, Any]) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-        handles = update_info.get("ipc_handles")
-        if handles is not None:
-            # CUDA IPC handles hold torch classes and dtypes, which vLLM's msgpack RPC to its engine core
-            # cannot encode: ship them pickled (as vLLM's HTTP client does); the worker unpickles them
-            # because __init__ set VLLM_ALLOW_INSECURE_SERIALIZATION for the ipc backend
-            import base64
-            import pickle
-
-            update_info = {k: v for k, v in update_info.items() if k != "ipc_handles"}
-            update_info["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
-        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
-
-    async def _finish_update(self, version: int, transfer: bool = True) -> dict[str, float]:
-        t0 = time.perf_counter()
-        try:
-            # vLLM logs "RotaryEmbedding: Failed to load weights" here at every update. It is harmless: vLLM's
-            # layerwise reload (model_loader/reload/layerwise.py, finalize_layerwise_processing) counts the
-            # rotary layer's cos_sin_cache buffer as loadable, an update (like any HF checkpoint) carries no
-            # rotary tensor, so vLLM warns and puts the layer's existing cache back. That cache is a function of
-            # the config alone (rope theta, head dim, max positions) and never trained; the teacher-forced
-            # log-prob match after a sync (tests/gpu, about 1e-3) shows the positions are right.
-            if transfer:
-                await self._llm.finish_weight_update()
-            self._version = version
-            if not self.inflight_updates and self.cfg.rollout.vllm_enable_prefix_caching and not self._asleep:
-                await self._llm.reset_prefix_cache()  # drained: nothing holds blocks; the salt also isolates them
-            if not self._asleep:
-                await self._llm.resume_generation()
-        except BaseException as exc:
-            self._fail(exc)
-            raise
-        finally:
-            self._updating = False
-            self._counters["num_updates"] += 1
-            self._pump()
-        logger.debug("engine %d: policy version %d", self.engine_id, version)
-        return {"sync/finish_s": time.perf_counter() - t0}
-
-    async def _adapter_update(self, path: str, version: int) -> dict[str, float]:
-        """pause -> add_lora in place (the same id) -> policy_version = version -> resume."""
-        from vllm.lora.request import LoRARequest
-
-        pause_s = await self._begin_update(transfer=False)
-        t1 = time.perf_counter()
-        try:
-            if not await self._llm.add_lora(LoRARequest(ADAPTER_NAME, LORA_ID, path, load_inplace=True)):
-                raise EngineError(f"vLLM did not load the adapter at {path}")
-        except BaseException as exc:
-            self._fail(exc)
-            self._updating = False
-            raise
-        self._lora_request = LoRARequest(ADAPTER_NAME, LORA_ID, path)
-        t2 = time.perf_counter()
-        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **await self._finish_update(version, False)}
-
-    async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
-        t0 = time.perf_counter()
-        pause_s = await self._begin_update()
-        t1 = time.perf_counter()
-        await self._guard(self._update_chunk(info))
-        t2 = time.perf_counter()
-        out = await self._finish_update(version)
-        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **out,
-                "sync/engine_total_s": time.perf_counter() - t0}
 
     def _fail(self, exc: BaseException) -> None:
         logger.error("engine %d failed: %r", self.engine_id, exc)

@@ -6,7 +6,7 @@ initialised) the handles are all-gathered so that each engine worker finds the o
 UUID). Learner rank 0 hands each chunk's update info to `deliver`, which must return only after every
 engine has loaded the chunk (`VLLMEngine.update_weights_chunk`): the buffer is then reused for the next one.
 
-Protocol per sync (INTERFACES.md §4), driven by the caller:
+Protocol per sync (INTERFACES.md §4), driven by the caller (in rlvr: `rlvr.weight_sync.transport`'s "ipc" kind):
   every engine: `begin_weight_update()` -> every learner rank: `IpcWeightSender.send(named)` (rank 0
   delivers chunks; metadata travels with each chunk) -> every engine: `finish_weight_update(version)`.
 In colocated mode wake the engine's weights first (`VLLMEngine.wake_up(["weights"])`).
@@ -44,21 +44,6 @@ def _wire(named_tensors: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.d
             t = t.to("cuda")
         tally[0] += t.numel() * t.element_size()
         yield name, t
-
-
-def ipc_update_infos(named_tensors: Iterable[tuple[str, torch.Tensor]], buffer_size_bytes: int | None = None,
-                     wire_dtype: torch.dtype | None = torch.bfloat16) -> Iterator[dict[str, Any]]:
-    """Single-process producer: packed IPC chunks of CUDA tensors as `update_weights` dicts. Load each one
-    before advancing the iterator (the buffer is reused)."""
-    from vllm.distributed.weight_transfer.packed_tensor import packed_ipc_producer
-
-    items = list(_wire(named_tensors, wire_dtype, [0]))
-    largest = max((t.numel() * t.element_size() for _, t in items), default=1)
-    size = max(buffer_size_bytes or DEFAULT_IPC_BUFFER_BYTES, largest)
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    for chunk in packed_ipc_producer(iter(items), uuid, lambda item: item[1], buffer_size_bytes=size):
-        yield {"names": chunk.names, "dtype_names": chunk.dtype_names, "shapes": chunk.shapes,
-               "ipc_handles": chunk.ipc_handle, "tensor_sizes": chunk.tensor_sizes, "packed": True}
 
 
 class IpcWeightSender:

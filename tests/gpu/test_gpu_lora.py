@@ -100,7 +100,7 @@ def test_adapter_sync_engine_matches_learner(lora_pair) -> None:
     assert named and all(".lora_A." in n or ".lora_B." in n for n, _ in named)
     sent_bytes = sum(t.numel() * t.element_size() for _, t in named)
     t0 = time.perf_counter()
-    engine.call("load_weights", named, 1)
+    engine.call("load_adapter", named, 1)
     load_s = time.perf_counter() - t0
     assert engine.call("policy_version") == 1
     want = learner.call("scores", pairs)
@@ -130,7 +130,7 @@ def test_adapter_update_while_requests_run(lora_pair) -> None:
         time.sleep(0.05)
     time.sleep(0.2)
     learner.call("perturb")
-    engine.call("load_weights", learner.call("named_weights"), version + 1)
+    engine.call("load_adapter", learner.call("named_weights"), version + 1)
     samples, deadline = [], time.monotonic() + 120
     while len(samples) < 8:
         assert time.monotonic() < deadline, f"only {len(samples)} of 8 samples finished"

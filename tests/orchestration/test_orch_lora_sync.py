@@ -36,9 +36,9 @@ class _Engine:
     def wake_up(self, tags: list[str]) -> None:
         ray.get(self.log.add.remote(f"e{self.index} wake {','.join(tags)}"))
 
-    def load_adapter(self, path: str, version: int) -> float:
+    def receive_weights(self, version: int, path: str) -> dict:
         ray.get(self.log.add.remote(f"e{self.index} load {path} v{version}"))
-        return 0.5 + self.index
+        return {"sync/load_s": 0.5 + self.index}
 
 
 @ray.remote
@@ -48,7 +48,7 @@ class _Learner:
 
     def send_weights(self, engines, version: int) -> dict:
         ray.get(self.log.add.remote(f"learner write v{version}"))
-        return {"path": f"/dev/shm/adapter-v{version}", "sync/seconds": 0.01, "sync/bytes": 100.0}
+        return {"handoff": f"/dev/shm/adapter-v{version}", "sync/seconds": 0.01, "sync/bytes": 100.0}
 
 
 @pytest.mark.parametrize("asleep", [False, True], ids=["awake", "colocated-asleep"])

@@ -1,0 +1,180 @@
+"""The vLLM engine's weight updates (engine side): vLLM's weight-transfer sessions (NCCL broadcast, CUDA IPC chunks)
+and LoRA adapters loaded in place. `VLLMWeightUpdates` is a mixin of `rlvr.rollout.vllm_engine.VLLMEngine`, split out
+of it; the update protocol and its invariants are that module's docstring. vllm is imported only inside methods (they
+run on the GPU machine only), so importing this module needs no vllm.
+
+The mixin uses the engine's loop (`_call`), its `AsyncLLM` (`_llm`), admission state (`_updating`, `_pump`), failure
+(`_fail`, `_raise_if_failed`), version and counters, and LoRA state (`_adapters`, `_lora_request`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+import torch
+
+from rlvr.rollout.base import EngineError
+from rlvr.rollout.lora import ADAPTER_NAME
+
+T = TypeVar("T")
+
+LORA_ID = 1
+"""vLLM's id of the policy's adapter (ids start at 1); every update replaces it in place."""
+
+
+def allow_ipc_handles() -> None:
+    """The engine core's workers unpickle the CUDA IPC handles of our own learner (`ipc_handles_pickled`; vLLM refuses
+    without VLLM_ALLOW_INSECURE_SERIALIZATION): set before vLLM spawns them, so that they inherit it."""
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+
+
+def pickled_ipc_handles(update_info: dict[str, Any]) -> dict[str, Any]:
+    """An IPC chunk's update info as vLLM's engine-core RPC can carry it: CUDA IPC handles hold torch classes and
+    dtypes, which its msgpack cannot encode, so they travel pickled (as vLLM's HTTP client sends them)."""
+    handles = update_info.get("ipc_handles")
+    if handles is None:
+        return update_info
+    import base64
+    import pickle
+
+    out = {k: v for k, v in update_info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(handles)).decode("ascii")
+    return out
+
+
+class VLLMWeightUpdates:
+    """LoRA adapters and vLLM weight-transfer sessions (mixed into `VLLMEngine`)."""
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """LoRA: serve these adapter tensors (PEFT on-disk names, any device) from now on: written to shared memory,
+        then loaded in place (`load_adapter_dir`). Full weights reach vLLM only through its weight-transfer API
+        (`receive_weights_nccl`, or IPC chunks between `begin_weight_update` and `finish_weight_update`)."""
+        if self._adapters is None:
+            raise ValueError(f"engine {self.engine_id}: load_adapter needs LoRA (--learner.lora-rank > 0)")
+        self.load_adapter_dir(str(self._adapters.write(named_tensors, version)), version)
+
+    def load_adapter_dir(self, path: str, version: int) -> None:
+        """LoRA: serve the PEFT adapter directory at `path` (on this host) from now on, loaded in place."""
+        self._call(self._adapter_update(path, version))
+
+    # ------------------------------------------------------------------ weight transfer (NCCL, CUDA IPC)
+    def init_weight_transfer(self, master_addr: str = "", master_port: int = 0, rank_offset: int = 1,
+                             world_size: int = 2, timeout_s: float = 600.0) -> None:
+        """Join the trainer's weight-transfer group. NCCL: blocks until every member joined, so call it
+        concurrently with `NcclWeightSender(...)` on learner rank 0; this engine's TP workers take ranks
+        rank_offset .. rank_offset + engine_tp - 1 (rank_offset = 1 + engine_index * engine_tp). IPC: no-op."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        info: dict[str, Any] = {}
+        if self.weight_transfer_backend != "ipc":
+            info = {"master_address": master_addr, "master_port": int(master_port),
+                    "rank_offset": int(rank_offset), "world_size": int(world_size)}
+        self._call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
+                   timeout=timeout_s)
+
+    def begin_weight_update(self) -> float:
+        """Stop admission, pause vLLM (keep or drain), start the update session; returns seconds taken."""
+        self._raise_if_failed()
+        return self._call(self._begin_update())
+
+    def update_weights_chunk(self, update_info: dict[str, Any]) -> None:
+        """Load one chunk (backend-specific `update_info`: names, dtype_names, shapes, packed, ...)."""
+        self._call(self._guard(self._update_chunk(update_info)))
+
+    def finish_weight_update(self, version: int) -> dict[str, float]:
+        """Finish the session, set policy_version = version, resume; returns seconds taken."""
+        return self._call(self._finish_update(version))
+
+    def receive_weights_nccl(self, metadata: dict[str, Any], version: int, *, packed: bool = True,
+                             timeout_s: float | None = None) -> dict[str, float]:
+        """One whole NCCL update: run it concurrently with `NcclWeightSender.send` on learner rank 0.
+
+        `metadata` = {"names", "dtype_names", "shapes"} in the sender's order (`rlvr.weight_sync.nccl.
+        weight_metadata`), plus optional packed_buffer_size_bytes / packed_num_buffers equal to the sender's.
+        """
+        info = {**metadata, "packed": packed}
+        return self._call(self._nccl_update(info, version), timeout=timeout_s)
+
+    # ------------------------------------------------------------------ on the loop thread
+    async def _guard(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run an update step; a failure marks the engine failed (weights may be partly loaded)."""
+        try:
+            return await coro
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+
+    async def _begin_update(self, transfer: bool = True) -> float:
+        t0 = time.perf_counter()
+        self._updating = True
+        try:
+            await self._llm.pause_generation(mode="keep" if self.inflight_updates else "wait", clear_cache=False)
+            if transfer:  # a weight-transfer session (not for LoRA adapters)
+                await self._llm.start_weight_update()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        return time.perf_counter() - t0
+
+    async def _update_chunk(self, update_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        # the worker unpickles the handles because the engine called allow_ipc_handles for the ipc backend
+        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=pickled_ipc_handles(update_info)))
+
+    async def _finish_update(self, version: int, transfer: bool = True) -> dict[str, float]:
+        t0 = time.perf_counter()
+        try:
+            # vLLM logs "RotaryEmbedding: Failed to load weights" here at every update. It is harmless: vLLM's
+            # layerwise reload (model_loader/reload/layerwise.py, finalize_layerwise_processing) counts the
+            # rotary layer's cos_sin_cache buffer as loadable, an update (like any HF checkpoint) carries no
+            # rotary tensor, so vLLM warns and puts the layer's existing cache back. That cache is a function of
+            # the config alone (rope theta, head dim, max positions) and never trained; the teacher-forced
+            # log-prob match after a sync (tests/gpu, about 1e-3) shows the positions are right.
+            if transfer:
+                await self._llm.finish_weight_update()
+            self._version = version
+            if not self.inflight_updates and self.cfg.rollout.vllm_enable_prefix_caching and not self._asleep:
+                await self._llm.reset_prefix_cache()  # drained: nothing holds blocks; the salt also isolates them
+            if not self._asleep:
+                await self._llm.resume_generation()
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self._updating = False
+            self._counters["num_updates"] += 1
+            self._pump()
+        logger.debug("engine %d: policy version %d", self.engine_id, version)
+        return {"sync/finish_s": time.perf_counter() - t0}
+
+    async def _adapter_update(self, path: str, version: int) -> dict[str, float]:
+        """pause -> add_lora in place (the same id) -> policy_version = version -> resume."""
+        from vllm.lora.request import LoRARequest
+
+        pause_s = await self._begin_update(transfer=False)
+        t1 = time.perf_counter()
+        try:
+            if not await self._llm.add_lora(LoRARequest(ADAPTER_NAME, LORA_ID, path, load_inplace=True)):
+                raise EngineError(f"vLLM did not load the adapter at {path}")
+        except BaseException as exc:
+            self._fail(exc)
+            self._updating = False
+            raise
+        self._lora_request = LoRARequest(ADAPTER_NAME, LORA_ID, path)
+        t2 = time.perf_counter()
+        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **await self._finish_update(version, False)}
+
+    async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        pause_s = await self._begin_update()
+        t1 = time.perf_counter()
+        await self._guard(self._update_chunk(info))
+        t2 = time.perf_counter()
+        out = await self._finish_update(version)
+        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **out,
+                "sync/engine_total_s": time.perf_counter() - t0}
