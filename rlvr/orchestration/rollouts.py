@@ -1,10 +1,11 @@
-"""Feeding engines and collecting complete groups under the staleness bound (the rollout side of the driver).
+"""Feeding engines and collecting complete groups (the engine side of `rlvr.orchestration.collector`).
 
-Policy (AReaL-style bounded staleness, ALGORITHMS.md §5): at most (async_steps + 1) * B prompts are in flight
-(submitted, not yet resolved). With async_steps = 0 that is exactly one step's worth, submitted after the
-weight sync, so every sample is on-policy. A group whose oldest sample was admitted more than `async_steps`
-versions before the learner's current version is dropped (counted `dropped_stale`) and its slot refilled.
-Prompts are assigned to the engine with the fewest outstanding prompts.
+The feeder submits prompts, least-loaded engine first, up to the in-flight limit its caller computes (the
+collector's staleness window, ALGORITHMS.md §5), and hands out the complete groups the engines return.
+
+Engine handles: the feeder calls `handle.submit.remote(requests)`, `handle.poll.remote()` and
+`handle.stats.remote()` and resolves the answers with `engine_get`: a Ray actor handle (`EngineActor`) returns
+ObjectRefs; an in-process handle (the tests' `FakeEngine`) may return the answers themselves.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from rlvr.types import Group, PromptRequest, Sample
 class RolloutFeeder:
     """Owns the outstanding prompts: who has them, and the re-queue list after a restart."""
 
-    def __init__(self, engines: list, stream, ledger: PromptLedger, batch_size: int, async_steps: int,
-                 timeout_s: float) -> None:
-        self.engines, self.stream, self.ledger = engines, stream, ledger
-        self.batch_size, self.async_steps, self.timeout_s = batch_size, async_steps, timeout_s
+    def __init__(self, engines: list, stream, ledger: PromptLedger, timeout_s: float) -> None:
+        self.engines, self.stream, self.ledger, self.timeout_s = engines, stream, ledger, timeout_s
         self.outstanding: dict[str, tuple[int, PromptRequest]] = {}  # prompt_id -> (engine index, request)
         self.requests: dict[str, PromptRequest] = {}  # every prompt pulled and not yet resolved
         self._order: dict[str, int] = {}  # prompt_id -> submission sequence number (deterministic batch order)
@@ -35,7 +34,6 @@ class RolloutFeeder:
         self.requeue: list[PromptRequest] = []
         self.exhausted = False
         self.eval_samples: list[Sample] = []
-        self.pulled_this_step = 0
         # complete groups taken from living engines by a poll that then raised for a dead one: handed out by the
         # next poll (an engine's poll() is destructive, so dropping them would strand their prompts)
         self.arrived: list[Group] = []
@@ -44,10 +42,6 @@ class RolloutFeeder:
     def busy(self) -> bool:
         """Groups still to come from the engines, or back already and not yet handed out by `poll`."""
         return bool(self.outstanding or self.arrived)
-
-    @property
-    def capacity(self) -> int:
-        return (self.async_steps + 1) * self.batch_size
 
     def _next_request(self) -> PromptRequest | None:
         if self.requeue:
@@ -59,16 +53,13 @@ class RolloutFeeder:
         self.ledger.pull(req.prompt_id)
         return req
 
-    def top_up(self, max_new: int, held: int = 0) -> int:
-        """Submit new prompts up to capacity (and at most `max_new`); returns how many were submitted.
-
-        `held`: complete groups the driver holds but has not trained yet. They count against the capacity, as do
-        the groups in `arrived`: otherwise groups that arrive early make room for more submissions, the backlog
-        grows past (async_steps + 1) * B, and its oldest groups outlive the staleness bound and are dropped."""
+    def top_up(self, max_new: int, limit: int) -> int:
+        """Submit at most `max_new` prompts while fewer than `limit` are outstanding or arrived-not-handed-out;
+        returns how many were submitted (the caller subtracts the groups it holds from its limit)."""
         per_engine: dict[int, list[PromptRequest]] = defaultdict(list)
         load = self.outstanding_per_engine()
         n = 0
-        while len(self.outstanding) + len(self.arrived) + held < self.capacity and n < max_new:
+        while len(self.outstanding) + len(self.arrived) < limit and n < max_new:
             req = self._next_request()
             if req is None:
                 break
@@ -177,7 +168,10 @@ class RolloutFeeder:
 
 
 def engine_get(ref: Any, engine_index: int, timeout_s: float) -> Any:
-    """ray.get for one engine call: a dead or unresponsive engine becomes an `EngineFailure` naming it."""
+    """ray.get for one engine call: a dead or unresponsive engine becomes an `EngineFailure` naming it. A value
+    that is no ObjectRef is an in-process handle's answer, returned as it is."""
+    if not isinstance(ref, ray.ObjectRef):
+        return ref
     try:
         return ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as e:

@@ -1,4 +1,5 @@
-"""Per-step rollout, reward and eval metrics (plain dicts of floats, INTERFACES.md §6 key namespaces)."""
+"""Per-step rollout and reward metrics, and samples.jsonl rows (plain dicts of floats, INTERFACES.md §6 key
+namespaces). Eval metrics are `rlvr.eval.runner`'s (see `rlvr.orchestration.evaluation.eval_metrics`)."""
 
 from __future__ import annotations
 
@@ -54,19 +55,6 @@ def rollout_metrics(groups: list[Group], learner_version: int) -> dict[str, floa
         "rollout/num_groups": float(len(groups)),
         "rollout/num_samples": float(len(samples)),
     })
-    return m
-
-
-def eval_metrics(groups: list[Group]) -> dict[str, float]:
-    """Basic in-training eval: mean reward, pass@1 (correct rate over all samples), lengths."""
-    m = _reward_metrics(groups, "eval")
-    m["eval/reward_mean"] = m.pop("eval/total_mean")
-    m["eval/pass@1"] = m["eval/correct_rate"]
-    samples = [s for g in groups for s in g.samples]
-    if samples:
-        m["eval/completion_len_mean"] = mean(len(s.completion_token_ids) for s in samples)
-        m["eval/stop_rate"] = mean(1.0 if s.finish_reason == "stop" else 0.0 for s in samples)
-    m["eval/num_prompts"] = float(len(groups))
     return m
 
 

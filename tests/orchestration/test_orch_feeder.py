@@ -53,8 +53,8 @@ def test_groups_of_living_engines_survive_a_dead_engine_in_the_same_poll(tmp_pat
     engines = [EngineActor.options(num_cpus=0).remote(cfg, model_dir, i, "cpu") for i in range(2)]
     try:
         ledger = PromptLedger()
-        feeder = RolloutFeeder(engines, stream, ledger, batch_size=2, async_steps=0, timeout_s=60)
-        assert feeder.top_up(2) == 2  # one prompt per engine (least-loaded assignment)
+        feeder = RolloutFeeder(engines, stream, ledger, timeout_s=60)
+        assert feeder.top_up(2, limit=2) == 2  # one prompt per engine (least-loaded assignment)
         assert sorted(i for i, _ in feeder.outstanding.values()) == [0, 1]
         on_engine1 = next(pid for pid, (i, _) in feeder.outstanding.items() if i == 1)
         _wait_completed(engines[1], 1)  # engine 1 holds a finished group that no one has polled yet
