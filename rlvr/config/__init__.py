@@ -1,6 +1,7 @@
 """rlvr's typed configuration: sections, presets, loading and validation (standard library + PyYAML only)."""
 
-from rlvr.config.loading import ConfigError, from_dict, load_config, read_yaml, to_dict, to_yaml
+from rlvr.config.errors import ConfigError
+from rlvr.config.loading import from_dict, load_config, read_yaml, to_dict, to_yaml
 from rlvr.config.presets import default_config
 from rlvr.config.sections import (
     AlgorithmConfig,

@@ -16,13 +16,14 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from rlvr.config.errors import ConfigError
+from rlvr.config.presets import default_config
 from rlvr.config.sections import ExperimentConfig
+from rlvr.config.validation import validate
+
+__all__ = ["ConfigError", "from_dict", "load_config", "read_yaml", "to_dict", "to_yaml"]
 
 T = typing.TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be built: the message names the key and the fix."""
 
 
 def _describe(tp: Any) -> str:
@@ -154,9 +155,6 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                 validate_config: bool = True) -> ExperimentConfig:
     """Load a YAML preset (or the built-in tiny CPU default when `path` is None), apply a nested dict of
     overrides, and validate. The public entry point: `from rlvr import load_config`."""
-    from rlvr.config.presets import default_config
-    from rlvr.config.validation import validate
-
     cfg = from_dict(read_yaml(path)) if path is not None else default_config()
     if overrides:
         try:

@@ -6,7 +6,7 @@ cluster (GPUs Ray reports) are in `check_resources`, called by the driver and `r
 
 from __future__ import annotations
 
-from rlvr.config.loading import ConfigError
+from rlvr.config.errors import ConfigError
 from rlvr.config.sections import ExperimentConfig
 
 
