@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from rlvr.rewards.answer_text import final_answer_text
-from rlvr.rewards.registry import register_reward
+from rlvr.rewards.registration import register_reward
 from rlvr.rewards.sandbox import CodeExecutor, LocalSandboxExecutor, RemoteExecutor, SandboxLimits, default_executor
 
 _FENCE_RE = re.compile(r"```[ \t]*([\w+-]*)[ \t]*\n(.*?)```", re.DOTALL)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.rewards.answer_text import final_answer_text
-from rlvr.rewards.registry import register_reward
+from rlvr.rewards.registration import register_reward
 
 Checker = Callable[..., bool]
 _CHECKERS: dict[str, Checker] = {}

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from rlvr.rewards.answer_text import final_answer_text, last_boxed, last_number
-from rlvr.rewards.registry import register_reward
+from rlvr.rewards.registration import register_reward
 
 
 @functools.cache

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 
-from rlvr.rewards.registry import get_reward, register_reward
+from rlvr.rewards.registration import lookup, register_reward
 
 
 def num_completion_tokens(completion_text: str, metadata: dict) -> int:
@@ -33,8 +33,9 @@ def num_completion_tokens(completion_text: str, metadata: dict) -> int:
 def _is_correct(completion_text: str, metadata: dict, verifier: str) -> bool:
     if verifier == "none":
         return True
-    score = get_reward(verifier).fn(completion_text, metadata)
-    return score is not None and score >= get_reward(verifier).max_score
+    spec = lookup(verifier)  # registered by rlvr.rewards.builtin, which the package imports (via registry)
+    score = spec.fn(completion_text, metadata)
+    return score is not None and score >= spec.max_score
 
 
 _STRICT_FORMAT = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
@@ -116,16 +117,22 @@ def cosine_length(completion_text: str, metadata: dict, max_tokens: int = 1000, 
     return lo + 0.5 * (hi - lo) * (1.0 + cosine)
 
 
+def soft_overlong_penalty(length: float, max_tokens: int, cache_tokens: int) -> float:
+    """DAPO soft overlong punishment (§3.4, eq. 13) of one completion length: 0 up to max - cache tokens, then
+    linear down to -1 at max, -1 beyond. The one implementation: the `soft_overlong` reward function and the
+    trainer's `algorithm.overlong_buffer` shaping (`rlvr.algorithms.shaping.overlong_penalty`) both call it."""
+    expected = max_tokens - cache_tokens
+    if length <= expected:
+        return 0.0
+    if length <= max_tokens:
+        return (expected - length) / max(1, cache_tokens)
+    return -1.0
+
+
 @register_reward("soft_overlong", max_score=0.0)
 def soft_overlong(completion_text: str, metadata: dict, max_tokens: int = 4096, cache_tokens: int = 512) -> float:
     """DAPO soft overlong punishment: 0 up to max - cache tokens, then linear down to -1 at max, -1 beyond."""
-    n = num_completion_tokens(completion_text, metadata)
-    expected = max_tokens - cache_tokens
-    if n <= expected:
-        return 0.0
-    if n <= max_tokens:
-        return (expected - n) / max(1, cache_tokens)
-    return -1.0
+    return soft_overlong_penalty(num_completion_tokens(completion_text, metadata), max_tokens, cache_tokens)
 
 
 @register_reward("repetition", max_score=0.0)

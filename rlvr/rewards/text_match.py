@@ -12,7 +12,7 @@ import string
 from collections import Counter
 
 from rlvr.rewards.answer_text import answer_tag_content, final_answer_text
-from rlvr.rewards.registry import register_reward
+from rlvr.rewards.registration import register_reward
 
 _PUNCT = str.maketrans("", "", string.punctuation)
 
