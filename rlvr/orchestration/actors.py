@@ -23,14 +23,16 @@ from rlvr.orchestration.local_cluster import free_port
 from rlvr.types import PromptRequest, RewardResult, Sample
 
 
-def actor_get(refs: Any, failure: type[ActorFailure], what: str, timeout_s: float, index: int | None = None) -> Any:
+def actor_get(refs: Any, failure: type[ActorFailure], what: str, timeout_s: float, index: int | None = None,
+              setting: str = "") -> Any:
     """ray.get on calls to actors of one role (`failure`: EngineFailure or LearnerFailure): a dead or hung actor
     becomes that failure naming it. `refs`: one ref (the call to actor `index`) or a list, one per actor in order
-    (which one died is probed; a timeout names `index`, default 0)."""
+    (which one died is probed; a timeout names `index`, default 0). `setting`: the flag that sets `timeout_s`."""
     try:
         return ray.get(refs, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as e:
-        raise failure(index or 0, f"{what} did not answer within {timeout_s:g}s") from e
+        hint = f" ({setting})" if setting else ""
+        raise failure(index or 0, f"{what} did not answer within {timeout_s:g}s{hint}") from e
     except ray.exceptions.RayActorError as e:
         if index is None:
             index = next((i for i, r in enumerate(refs if isinstance(refs, list) else [refs]) if _failed(r)), 0)
@@ -39,7 +41,7 @@ def actor_get(refs: Any, failure: type[ActorFailure], what: str, timeout_s: floa
 
 def learner_get(refs: list, what: str, timeout_s: float) -> list:
     """`actor_get` on one call per learner rank."""
-    return actor_get(refs, LearnerFailure, what, timeout_s)
+    return actor_get(refs, LearnerFailure, what, timeout_s, setting="--cluster.actor-timeout-s")
 
 
 def engine_get(ref: Any, engine_index: int, timeout_s: float, what: str = "a call") -> Any:

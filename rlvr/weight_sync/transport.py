@@ -15,7 +15,9 @@ version, deliver)` (every rank consumes `named`: ZeRO-3 gathers are collectives;
 loaded, stamped `policy_version = version` and resumed when `receive` returns. Senders return `sync/*` metrics,
 receivers `sync/*` seconds (`sync/load_s` where the engine loads).
 
-No Ray here and no vllm at import: the NCCL and IPC classes import vllm when built (GPU only).
+No Ray here and no vllm at import: the NCCL and IPC classes import vllm when built (GPU only). Below the receivers:
+the transformers engine copies tensors in with `rlvr.rollout.weights.copy_named_tensors`, the vLLM engine's side is
+`rlvr.rollout.vllm_weights`, LoRA adapter files are `rlvr.rollout.lora`.
 """
 
 from __future__ import annotations

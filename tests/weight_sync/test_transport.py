@@ -395,3 +395,15 @@ def test_factories_know_every_kind_and_refuse_others() -> None:
 ])
 def test_pick_kind(gpu: bool, vllm: bool, lora: bool, colocate: bool, one_host: bool, want: str) -> None:
     assert pick_kind(gpu=gpu, vllm=vllm, lora=lora, colocate=colocate, one_host=one_host) == want
+
+
+def test_learner_get_names_the_rank_that_died(fake_ray: None) -> None:
+    from rlvr.orchestration.health import LearnerFailure
+
+    def die() -> None:
+        raise ray.exceptions.RayActorError()
+
+    refs = [POOL.submit(lambda: {}), POOL.submit(die)]
+    with pytest.raises(LearnerFailure) as err:
+        weight_updates.learner_get(refs, "send_weights", 10)
+    assert err.value.index == 1 and "died during send_weights" in str(err.value)
