@@ -9,6 +9,7 @@ The mixin uses the engine's loop (`_call`), its `AsyncLLM` (`_llm`), admission s
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Coroutine, Iterable
@@ -19,6 +20,7 @@ import torch
 from rlvr.rollout.base import EngineError
 from rlvr.rollout.lora import ADAPTER_NAME
 
+logger = logging.getLogger("rlvr.rollout.vllm_engine")  # the engine's own log name, as before the split
 T = TypeVar("T")
 
 LORA_ID = 1

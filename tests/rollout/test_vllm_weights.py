@@ -1,0 +1,195 @@
+"""The vLLM engine's weight updates (rlvr.rollout.vllm_weights, mixed into VLLMEngine) without a GPU: a fake `vllm`
+package (only the names the engine imports) stands in sys.modules for this test, and a fake AsyncLLM logs what the
+engine asks of it. Checked: pause -> start session -> update -> finish session -> version stamp -> resume for NCCL and
+CUDA IPC, the IPC handles pickled for vLLM's RPC, LoRA adapters added in place under one id, a failed update marking
+the engine failed, and that the engine no longer offers `load_weights` (full weights only through vLLM's API)."""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from rlvr.config import ExperimentConfig
+from rlvr.rollout.base import EngineError
+
+
+class _Req:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.__dict__.update(kwargs)
+
+
+class FakeLoRARequest:
+    def __init__(self, name: str, lora_id: int, path: str, load_inplace: bool = False) -> None:
+        self.name, self.lora_id, self.path, self.load_inplace = name, lora_id, path, load_inplace
+
+
+class FakeAsyncLLM:
+    log: list[str] = []
+    fail_update = False
+
+    @classmethod
+    def from_engine_args(cls, args: Any, stat_loggers: Any = None) -> FakeAsyncLLM:
+        llm = cls()
+        llm.args, llm.updates, llm.loras, llm.inits = args, [], [], []
+        return llm
+
+    async def pause_generation(self, mode: str, clear_cache: bool) -> None:
+        self.log.append(f"pause {mode}")
+
+    async def start_weight_update(self) -> None:
+        self.log.append("start")
+
+    async def update_weights(self, request: Any) -> None:
+        if self.fail_update:
+            raise RuntimeError("transfer broke")
+        self.updates.append(request.update_info)
+        self.log.append("update")
+
+    async def finish_weight_update(self) -> None:
+        self.log.append("finish")
+
+    async def reset_prefix_cache(self) -> None:
+        self.log.append("reset prefix cache")
+
+    async def resume_generation(self) -> None:
+        self.log.append("resume")
+
+    async def add_lora(self, request: FakeLoRARequest) -> bool:
+        self.loras.append(request)
+        self.log.append("add_lora")
+        return True
+
+    async def init_weight_transfer_engine(self, request: Any) -> None:
+        self.inits.append(request.init_info)
+
+    def shutdown(self) -> None:
+        self.log.append("shutdown")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> type[FakeAsyncLLM]:
+    FakeAsyncLLM.log, FakeAsyncLLM.fail_update = [], False
+
+    def mod(name: str, **attrs: Any) -> None:
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, m)
+
+    for name in ("vllm", "vllm.engine", "vllm.v1", "vllm.v1.engine", "vllm.distributed",
+                 "vllm.distributed.weight_transfer", "vllm.lora"):
+        mod(name)
+    mod("vllm.config", WeightTransferConfig=_Req)
+    mod("vllm.engine.arg_utils", AsyncEngineArgs=_Req)
+    mod("vllm.v1.engine.async_llm", AsyncLLM=FakeAsyncLLM)
+    mod("vllm.distributed.weight_transfer.base", WeightTransferInitRequest=_Req, WeightTransferUpdateRequest=_Req)
+    mod("vllm.lora.request", LoRARequest=FakeLoRARequest)
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    return FakeAsyncLLM
+
+
+def make_engine(inflight: bool = True, lora_rank: int = 0, **kwargs: Any) -> Any:
+    from rlvr.rollout.vllm_engine import VLLMEngine
+
+    cfg = ExperimentConfig()
+    cfg.rollout.backend = "vllm"
+    cfg.rollout.inflight_updates = inflight
+    cfg.rollout.vllm_enable_prefix_caching = True
+    cfg.learner.lora_rank = lora_rank
+    return VLLMEngine("/nonexistent/model", 0, cfg=cfg, max_model_len=128, startup_timeout_s=30, **kwargs)
+
+
+@pytest.mark.parametrize("inflight", [True, False], ids=["inflight", "drain"])
+def test_nccl_update_order(fake_vllm: type[FakeAsyncLLM], inflight: bool) -> None:
+    from rlvr.weight_sync.transport import make_receiver
+
+    engine = make_engine(inflight)
+    try:
+        receiver = make_receiver("nccl", engine, addr="10.0.0.1", port=1234, rank=3, world_size=5)
+        assert engine._llm.inits == [{"master_address": "10.0.0.1", "master_port": 1234, "rank_offset": 3,
+                                      "world_size": 5}]
+        meta = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]]}
+        out = receiver.receive(7, meta)
+        want = ["pause keep", "start", "update", "finish", "resume"] if inflight else \
+            ["pause wait", "start", "update", "finish", "reset prefix cache", "resume"]
+        assert fake_vllm.log == want
+        assert engine._llm.updates == [{**meta, "packed": True}]
+        assert engine.policy_version == 7 and engine.stats()["num_updates"] == 1
+        assert {"sync/pause_s", "sync/receive_load_s", "sync/finish_s", "sync/engine_total_s",
+                "sync/load_s"} <= out.keys()
+    finally:
+        engine.shutdown()
+
+
+def test_ipc_chunks_travel_pickled(fake_vllm: type[FakeAsyncLLM]) -> None:
+    import os
+
+    from rlvr.weight_sync.transport import make_receiver
+
+    engine = make_engine(weight_transfer_backend="ipc")
+    try:
+        assert os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"  # set before vLLM spawns its workers
+        receiver = make_receiver("ipc", engine)
+        assert engine._llm.inits == [{}]
+        receiver.begin()
+        handles = {"gpu-uuid": ("rebuild", (torch.float32, 3))}
+        engine.update_weights_chunk({"names": ["w"], "ipc_handles": handles, "packed": True})
+        receiver.receive(2)
+        assert fake_vllm.log == ["pause keep", "start", "update", "finish", "resume"]
+        info = engine._llm.updates[0]
+        assert "ipc_handles" not in info and pickle.loads(base64.b64decode(info["ipc_handles_pickled"])) == handles
+        assert engine.policy_version == 2
+    finally:
+        engine.shutdown()
+
+
+def test_lora_adapter_replaced_in_place(fake_vllm: type[FakeAsyncLLM]) -> None:
+    pytest.importorskip("peft")
+    from rlvr.rollout.lora import read_adapter_dir
+    from rlvr.rollout.vllm_weights import LORA_ID
+
+    engine = make_engine(lora_rank=4)
+    try:
+        named = [("base_model.model.q.lora_A.weight", torch.ones(4, 8)),
+                 ("base_model.model.q.lora_B.weight", torch.zeros(8, 4))]
+        engine.load_adapter(named, 4)
+        assert fake_vllm.log == ["pause keep", "add_lora", "resume"]  # no weight-transfer session for an adapter
+        req = engine._llm.loras[0]
+        assert req.lora_id == LORA_ID and req.load_inplace
+        _, tensors = read_adapter_dir(req.path)
+        assert torch.equal(tensors["base_model.model.q.lora_A.weight"], named[0][1])
+        assert engine.policy_version == 4 and engine._lora_request.path == req.path
+        assert not engine._lora_request.load_inplace  # requests never carry load_inplace
+    finally:
+        engine.shutdown()
+
+
+def test_no_load_weights_and_adapters_need_lora(fake_vllm: type[FakeAsyncLLM]) -> None:
+    from rlvr.rollout.vllm_engine import VLLMEngine
+
+    assert not hasattr(VLLMEngine, "load_weights")
+    engine = make_engine()
+    try:
+        with pytest.raises(ValueError, match="needs LoRA"):
+            engine.load_adapter([], 1)
+    finally:
+        engine.shutdown()
+
+
+def test_failed_update_marks_the_engine_failed(fake_vllm: type[FakeAsyncLLM]) -> None:
+    engine = make_engine()
+    try:
+        fake_vllm.fail_update = True
+        with pytest.raises(RuntimeError, match="transfer broke"):
+            engine.receive_weights_nccl({"names": []}, 1)
+        with pytest.raises(EngineError, match="transfer broke"):
+            engine.poll()
+        assert engine.policy_version == 0
+    finally:
+        engine.shutdown()
