@@ -1,4 +1,4 @@
-"""Records that cross process boundaries (INTERFACES.md §2).
+"""Records that cross process boundaries (docs/design.md, "Records").
 
 Plain, picklable dataclasses with no torch/ray imports at module level, so that every process (driver,
 engines, verifier workers, learners) can exchange them cheaply. Tensors appear only in `PackedBatch`,
@@ -12,8 +12,10 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
+
+from rlvr.config.sections import GenerationConfig
 
 FinishReason = Literal["stop", "length", "abort"]
 RewardStatus = Literal["ok", "timeout", "error"]
@@ -24,17 +26,28 @@ def make_prompt_id(dataset: str, row: int, epoch: int) -> str:
     return f"{dataset}:{row}:{epoch}"
 
 
+_GENERATION = GenerationConfig()  # the defaults below are the config section's: one source, no copies
+
+
 @dataclass
 class SamplingParams:
-    """Sampling settings carried with each request (mirror of `GenerationConfig`)."""
+    """Sampling settings carried with each request: the sampling fields of `GenerationConfig` (same names,
+    defaults read from it) plus a per-request seed."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
+    temperature: float = _GENERATION.temperature
+    top_p: float = _GENERATION.top_p
+    top_k: int = _GENERATION.top_k
+    max_new_tokens: int = _GENERATION.max_new_tokens
     stop_strings: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+
+    @classmethod
+    def from_config(cls, generation: GenerationConfig, seed: int | None = None, **overrides: Any) -> SamplingParams:
+        """The sampling settings of `cfg.generation` (lists copied), with `overrides` applied."""
+        values: dict[str, Any] = {f.name: getattr(generation, f.name) for f in fields(cls) if f.name != "seed"}
+        values.update(stop_strings=list(generation.stop_strings), stop_token_ids=list(generation.stop_token_ids))
+        return cls(**{**values, **overrides}, seed=seed)
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """Policy losses of the GRPO family and their aggregation over an optimizer step.
 
-Per-token surrogates (ALGORITHMS.md §2), with rho_t = exp(l_t - l_old_t) and A the sample's advantage:
+Per-token surrogates (docs/design.md, "Losses"), with rho_t = exp(l_t - l_old_t) and A the sample's advantage:
 - "dapo", "grpo", "dr_grpo": clipped surrogate (PPO; GRPO = DeepSeekMath eq. 3; DAPO "clip-higher" with
   separate eps_low / eps_high): L_t = -min(c1 * A, clip(rho, 1 - eps_low, 1 + eps_high) * A), c1 = rho, or
   with dual clip (Ye et al. 2020, "Mastering complex control in MOBA games") L_t = -max(that, delta * A) where
-  A < 0: it bounds the loss of negative-advantage tokens by delta * |A| and never touches positive ones (so a
-  delta below 1 + eps_high cannot clip positive-advantage tokens early).
+  A < 0: it bounds the loss of negative-advantage tokens by delta * |A| and never touches positive ones.
+  delta must exceed 1 + eps_high (LossConfig and config validation refuse anything else): a smaller delta
+  would clip tokens inside the ordinary trust region.
 - "gspo" (Zheng et al. 2025, GSPO): the same clip applied to the sequence ratio
   s_i = exp(sum_t m (l - l_old) / sum_t m), differentiable and broadcast to every token of the sample.
   (GSPO's paper uses much smaller clip ranges, ~3e-4/4e-4: that is a preset choice, not enforced here.)
@@ -14,7 +15,7 @@ Per-token surrogates (ALGORITHMS.md §2), with rho_t = exp(l_t - l_old_t) and A 
   L_t = -sigmoid(tau * (rho - 1)) * (4 / tau) * A (gradient equals -A * grad(rho) at rho = 1).
 Per token the loss is  L_t * w_t + beta * KL_t - entropy_coef * H_t  (w_t: stop-gradient TIS weight).
 
-Aggregations (§3), m = loss mask, N_tok / N_seq = GLOBAL counts for the whole optimizer step (all
+Aggregations, m = loss mask, N_tok / N_seq = GLOBAL counts for the whole optimizer step (all
 micro-batches, all data-parallel ranks), passed in by the caller:
 - "token-mean" (DAPO): sum m L / N_tok.
 - "seq-mean-token-mean" (GRPO): sum_i (sum_t m L / n_i) / N_seq, n_i = loss tokens of sample i.
@@ -28,13 +29,14 @@ in N_seq (the packer fills N_seq that way).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
 
 from rlvr.algorithms.kl import KLEstimator, kl_penalty
 from rlvr.algorithms.segments import segment_broadcast, segment_index, segment_sum
+from rlvr.config.sections import AlgorithmConfig
 
 LossName = Literal["dapo", "grpo", "dr_grpo", "gspo", "cispo", "sapo"]
 AggregationName = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "bnpo"]
@@ -62,29 +64,41 @@ def resolve_aggregation(loss: str, aggregation: str = "auto") -> str:
     return aggregation
 
 
+_ALGORITHM = AlgorithmConfig()  # the defaults below are the config section's: one source, no copies
+
+
 @dataclass(frozen=True)
 class LossConfig:
-    """The loss fields of `AlgorithmConfig` (same names and defaults: DAPO)."""
+    """The loss fields of `AlgorithmConfig` (same names; defaults read from it), plus the Dr. GRPO length."""
 
-    loss: LossName = "dapo"
-    aggregation: str = "auto"
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    clip_delta: float | None = None
-    cispo_eps_max: float = 5.0
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    kl_beta: float = 0.0
-    kl_estimator: KLEstimator = "k3"
-    entropy_coef: float = 0.0
+    loss: LossName = _ALGORITHM.loss
+    aggregation: str = _ALGORITHM.aggregation
+    clip_eps_low: float = _ALGORITHM.clip_eps_low
+    clip_eps_high: float = _ALGORITHM.clip_eps_high
+    clip_delta: float | None = _ALGORITHM.clip_delta
+    cispo_eps_max: float = _ALGORITHM.cispo_eps_max
+    sapo_tau_pos: float = _ALGORITHM.sapo_tau_pos
+    sapo_tau_neg: float = _ALGORITHM.sapo_tau_neg
+    kl_beta: float = _ALGORITHM.kl_beta
+    kl_estimator: KLEstimator = _ALGORITHM.kl_estimator
+    entropy_coef: float = _ALGORITHM.entropy_coef
     max_completion_length: int | None = None
 
     def __post_init__(self) -> None:
         resolve_aggregation(self.loss, self.aggregation)
-        if self.clip_delta is not None and self.clip_delta <= 1.0:
-            raise ValueError(f"clip_delta (dual clip) must be > 1, got {self.clip_delta}")
+        if self.clip_delta is not None and self.clip_delta <= 1.0 + self.clip_eps_high:
+            # Dual clip bounds a negative-advantage token's loss at delta * |A|; a delta inside the trust region
+            # (<= 1 + eps_high) would cut the gradient of tokens whose ratio the ordinary clip still allows.
+            raise ValueError(f"clip_delta (dual clip) must be > 1 + clip_eps_high = {1.0 + self.clip_eps_high}, "
+                             f"got {self.clip_delta} (flag --algorithm.clip-delta)")
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError("clip_eps_low and clip_eps_high must be >= 0")
+
+    @classmethod
+    def from_config(cls, algorithm: AlgorithmConfig, max_completion_length: int | None = None) -> LossConfig:
+        """The loss settings of `cfg.algorithm`; pass `cfg.generation.max_new_tokens` as the Dr. GRPO length."""
+        return cls(max_completion_length=max_completion_length,
+                   **{f.name: getattr(algorithm, f.name) for f in fields(cls) if f.name != "max_completion_length"})
 
 
 def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, config: LossConfig) -> torch.Tensor:

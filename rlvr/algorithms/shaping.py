@@ -4,7 +4,8 @@
     p(L) = 0                      if L <= Lmax - C
            (Lmax - C - L) / C     if Lmax - C < L <= Lmax
            -1                     if L > Lmax
-  scaled by `overlong_penalty` and ADDED to the task reward.
+  scaled by `overlong_penalty` and ADDED to the task reward. p is computed by
+  `rlvr.rewards.shaping.soft_overlong_penalty`, the one implementation (the `soft_overlong` reward uses it too).
 - Non-stop penalty (open-instruct `non_stop_penalty`): a completion that ends without a stop token
   (finish_reason "length") has its reward REPLACED by the fixed value `non_stop_penalty`.
 - Overlong filtering (DAPO §3.4 "overlong filtering"): with `mask_truncated`, truncated completions get
@@ -18,11 +19,16 @@ a fixed reward, by definition independent of the verifier); only finish_reason "
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+from rlvr.config.sections import AlgorithmConfig
+from rlvr.rewards.shaping import soft_overlong_penalty
 from rlvr.types import Group, RewardResult
+
+
+_ALGORITHM = AlgorithmConfig()  # the defaults below are the config section's: one source, no copies
 
 
 @dataclass(frozen=True)
@@ -30,10 +36,16 @@ class ShapingConfig:
     """The shaping fields of `AlgorithmConfig`; max_completion_length comes from generation.max_new_tokens."""
 
     max_completion_length: int
-    overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
-    non_stop_penalty: float | None = None
-    mask_truncated: bool = False
+    overlong_buffer: int = _ALGORITHM.overlong_buffer
+    overlong_penalty: float = _ALGORITHM.overlong_penalty
+    non_stop_penalty: float | None = _ALGORITHM.non_stop_penalty
+    mask_truncated: bool = _ALGORITHM.mask_truncated
+
+    @classmethod
+    def from_config(cls, algorithm: AlgorithmConfig, max_completion_length: int) -> ShapingConfig:
+        """The shaping settings of `cfg.algorithm`, with `cfg.generation.max_new_tokens` as the length cap."""
+        return cls(max_completion_length, **{f.name: getattr(algorithm, f.name) for f in fields(cls)
+                                             if f.name != "max_completion_length"})
 
 
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer: int, scale: float = 1.0) -> torch.Tensor:
@@ -43,11 +55,8 @@ def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer: 
     lengths = lengths.to(torch.float64)
     if buffer == 0:
         return torch.zeros_like(lengths)
-    start = max_completion_length - buffer
-    ramp = (start - lengths) / buffer
-    penalty = torch.where(lengths <= start, torch.zeros_like(lengths), ramp)
-    penalty = torch.where(lengths > max_completion_length, torch.full_like(lengths, -1.0), penalty)
-    return scale * penalty
+    penalty = [soft_overlong_penalty(n, max_completion_length, buffer) for n in lengths.tolist()]
+    return scale * torch.tensor(penalty, dtype=torch.float64).reshape(lengths.shape)
 
 
 def shape_rewards(

@@ -110,16 +110,7 @@ def apply_chat_template_override(tokenizer: Any, model_cfg: ModelConfig) -> None
 
 
 def _sampling(cfg: ExperimentConfig, prompt_id: str, temperature: float) -> SamplingParams:
-    gen = cfg.generation
-    return SamplingParams(
-        temperature=temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        max_new_tokens=gen.max_new_tokens,
-        stop_strings=list(gen.stop_strings),
-        stop_token_ids=list(gen.stop_token_ids),
-        seed=prompt_seed(cfg.seed, prompt_id),
-    )
+    return SamplingParams.from_config(cfg.generation, seed=prompt_seed(cfg.seed, prompt_id), temperature=temperature)
 
 
 def _request(

@@ -9,7 +9,7 @@ Configuration (`RewardsSettings`, the same field names as the root config's `rew
 - `primary`: the function whose score decides `correct`; default the row's first routed verifier.
 - `custom`: import paths of user modules ("pkg.module") or functions ("pkg.module:fn") to register.
 
-Semantics (INTERFACES.md §2):
+Semantics (docs/design.md, "Reward functions"):
 - Each routed verifier is scored once per row with weight 1, unless the same name is in `functions`: then
   it is scored once with that entry's weight and params (and its routed ground truth). A name routed twice
   scores twice, under keys "name" and "name#1".
@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlvr.config.sections import RewardsConfig
 from rlvr.rewards.registry import RewardSpec, get_reward, import_custom
 from rlvr.types import RewardResult
 
@@ -45,16 +46,20 @@ class RewardFunctionSpec:
     params: dict[str, ParamValue] = field(default_factory=dict)
 
 
+_REWARDS = RewardsConfig()  # the defaults below are the config section's: one source, no copies
+
+
 @dataclass
 class RewardsSettings:
-    """What the scorer and pool need from the `rewards` config section (same field names)."""
+    """What the scorer and pool need from the `rewards` config section (same field names and defaults, read
+    from `RewardsConfig`; `functions` holds picklable `RewardFunctionSpec`s)."""
 
     functions: list[RewardFunctionSpec] = field(default_factory=list)
-    verifier_column: str = "verifier"
-    num_workers: int = 2
-    timeout_s: float = 10.0
-    max_queue: int = 1024
-    primary: str | None = None
+    verifier_column: str = _REWARDS.verifier_column
+    num_workers: int = _REWARDS.num_workers
+    timeout_s: float = _REWARDS.timeout_s
+    max_queue: int = _REWARDS.max_queue
+    primary: str | None = _REWARDS.primary
     custom: list[str] = field(default_factory=list)
 
     @classmethod

@@ -10,6 +10,7 @@ import torch
 
 from rlvr.algorithms.kl import kl_penalty
 from rlvr.algorithms.losses import LossConfig, aggregate_loss, policy_loss, resolve_aggregation, surrogate_loss
+from rlvr.config import ConfigError, default_config, from_dict, validate
 
 F64 = torch.float64
 
@@ -42,16 +43,27 @@ def test_clipped_surrogate_hand() -> None:
     torch.testing.assert_close(dual, _t([-1.28, 0.8, 3.0, -1.1]))  # dual clip bounds the negative-A loss at 3|A|
 
 
+def test_dual_clip_delta_must_exceed_the_trust_region() -> None:
+    """clip_delta <= 1 + eps_high would bound negative-advantage tokens whose ratio the ordinary clip still allows
+    (delta 1.1 < 1.28 cut the gradient of ratios in (1.1, 1.28]): LossConfig and config validation refuse it,
+    each naming the flag."""
+    for delta in (1.1, 1.28):
+        with pytest.raises(ValueError, match=r"1 \+ clip_eps_high.*--algorithm.clip-delta"):
+            LossConfig(clip_delta=delta)
+        with pytest.raises(ConfigError, match="--algorithm.clip-delta"):
+            validate(from_dict({"algorithm": {"clip_delta": delta}}, base=default_config()))
+    assert LossConfig(clip_eps_high=0.05, clip_delta=1.1).clip_delta == 1.1  # fine above 1 + eps_high
+
+
 def test_dual_clip_never_touches_positive_advantages() -> None:
-    """A delta below 1 + eps_high (1.1 < 1.28) used to clip positive-advantage tokens with ratio in (1.1, 1.28]:
-    their loss was -1.1 A with no gradient. Dual clip bounds negative advantages only."""
-    lp = torch.tensor([math.log(1.2), math.log(1.2)], dtype=torch.float64, requires_grad=True)
-    adv, mask = _t([1.0, -1.0]), _t([1.0, 1.0])
-    loss, _ = surrogate_loss(lp, torch.zeros(2, dtype=torch.float64), adv, mask, LossConfig(clip_delta=1.1))
-    torch.testing.assert_close(loss.detach(), _t([-1.2, 1.1]))  # positive: the plain ratio; negative: bounded
+    """Dual clip bounds negative advantages only: a positive-advantage token keeps the ordinary clipped loss."""
+    lp = torch.tensor([math.log(1.2), math.log(2.0), math.log(2.0)], dtype=torch.float64, requires_grad=True)
+    adv, mask = _t([1.0, 1.0, -1.0]), _t([1.0, 1.0, 1.0])
+    loss, _ = surrogate_loss(lp, torch.zeros(3, dtype=torch.float64), adv, mask, LossConfig(clip_delta=1.5))
+    torch.testing.assert_close(loss.detach(), _t([-1.2, -1.28, 1.5]))  # plain ratio; eps_high clip; bounded at delta
     loss.sum().backward()
     assert lp.grad is not None and lp.grad[0].item() == pytest.approx(-1.2)  # d(-rho A)/d logp = -rho A
-    assert lp.grad[1].item() == 0.0
+    assert lp.grad[1].item() == 0.0 and lp.grad[2].item() == 0.0
 
 
 def test_clip_metrics_hand() -> None:
