@@ -153,8 +153,8 @@ def _default_job_id(cfg: ExperimentConfig) -> str:
 
 def main(argv: list[str]) -> int:
     """`rlvr launch [launch flags] [rlvr train flags]`; returns the training job's exit status."""
-    from rlvr.cli import parse_train_args
     from rlvr.orchestration.local_cluster import token_auth_env
+    from rlvr.train_args import parse_train_args
 
     # Before Ray is imported (it reads the mode once): join with the auth mode a head here would use.
     os.environ.update(token_auth_env())
