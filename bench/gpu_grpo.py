@@ -55,6 +55,7 @@ if str(REPO) not in sys.path:
 from gpu_learner import BEFORE, emit, mfu, model_facts, peak_for, rnd, run_variants  # noqa: E402  (same directory)
 
 from rlvr.data.shaped_models import SHAPES  # noqa: E402  (no torch at import)
+
 DEFAULT_LEARNER_VARIANTS = ";".join([f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"])
 
 
@@ -300,7 +301,7 @@ def check_flags(argv: list[str]) -> Any:
         return {"ok": True, "num_steps": cfg.num_steps, "gc": cfg.model.gradient_checkpointing,
                 "zero": cfg.learner.zero_stage, "pack_length": cfg.learner.pack_length,
                 "micro_batch_rows": cfg.learner.micro_batch_rows, "vllm_mem": cfg.rollout.vllm_gpu_memory_utilization}
-    except BaseException as e:  # noqa: BLE001 - tyro exits on bad flags
+    except BaseException as e:  # tyro exits on bad flags
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
 
 

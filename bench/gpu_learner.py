@@ -125,7 +125,7 @@ def attention_probe(facts: dict[str, Any], T: int, card: str) -> dict[str, Any]:
                 fn().float().sum().backward()
             torch.cuda.synchronize()
             res[f"{label}_ms_per_layer"] = round((time.perf_counter() - t) / 3 * 1e3, 3)
-    except Exception as e:  # noqa: BLE001 - a probe failing must not stop the microbench
+    except Exception as e:  # a probe failing must not stop the microbench
         res["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return res
 
@@ -266,7 +266,7 @@ def run_variants(spec: dict[str, Any]) -> None:
             if device == "cuda" and name in spec.get("profile", []):
                 emit({**profile_step(w, pb), "shape": spec.get("shape"), "variant": name, "card": card}, spec.get("out"))
             del w
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - one variant failing (OOM, bad flag) must not stop the rest
+        except (Exception, SystemExit) as e:  # one variant failing (OOM, bad flag) must not stop the rest
             rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         gc.collect()
         if device == "cuda":

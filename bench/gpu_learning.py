@@ -37,6 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_learning import read_curve  # noqa: E402  ([[step, eval reward, pass@1], ...] from eval.jsonl)
+
 SOLVED_PASS_AT_1 = 0.5
 SOLVED_GAIN = 0.5
 TARGETS: dict[str, dict[str, dict[str, float]]] = {

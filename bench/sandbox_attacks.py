@@ -21,11 +21,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rlvr.rewards.code_verifiers import code_binary_reward, code_reward  # noqa: E402
-from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits, set_default_executor  # noqa: E402
+from rlvr.rewards.code_verifiers import code_binary_reward, code_reward
+from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits, set_default_executor
 
 ASSERT_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 3) == 2", "assert abs(add(0.5, 0.25) - 0.75) < 1e-9",
                 "assert sorted([add(2, 2), add(0, 1)]) == [1, 4]", "assert len(str(add(20, 22))) == 2",

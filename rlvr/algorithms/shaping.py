@@ -27,7 +27,6 @@ from rlvr.config.sections import AlgorithmConfig
 from rlvr.rewards.shaping import soft_overlong_penalty
 from rlvr.types import Group, RewardResult
 
-
 _ALGORITHM = AlgorithmConfig()  # the defaults below are the config section's: one source, no copies
 
 

@@ -120,6 +120,7 @@ def build_engine(args: EvalArgs, cfg: ExperimentConfig) -> Any:
     if args.engine == "vllm":
         try:
             import vllm  # noqa: F401
+
             from rlvr.rollout.vllm_engine import VLLMEngine
         except ImportError as e:
             raise RuntimeError("--engine vllm needs vLLM: pip install 'rlvr[gpu]' (the `gpu` extra) on a CUDA "

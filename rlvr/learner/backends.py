@@ -178,7 +178,7 @@ class DeepSpeedBackend:
         None otherwise (the module's own state_dict is whole)."""
         if self.cfg.learner.zero_stage != 3:
             return None
-        return self.engine._zero3_consolidated_16bit_state_dict()  # noqa: SLF001 - what accelerate uses
+        return self.engine._zero3_consolidated_16bit_state_dict()  # private, but what accelerate uses
 
     def save(self, path: Path) -> None:
         # with LoRA the frozen base is not state (it is the model directory): only the adapters are saved

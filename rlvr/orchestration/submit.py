@@ -21,8 +21,7 @@ import tyro
 
 from rlvr.cli_flags import parse
 from rlvr.config import ConfigError, ExperimentConfig, default_config, from_dict, read_yaml
-from rlvr.orchestration.specs import (DEFAULT_IMAGE, JobRequest, Mount, container_path, covered, parse_mount,
-                                     render)
+from rlvr.orchestration.specs import DEFAULT_IMAGE, JobRequest, Mount, container_path, covered, parse_mount, render
 
 _RESULTS = Mount("host", "/results", "/results")  # Beaker keeps the result directory as a dataset
 SUBMIT_CLI = {"beaker": "beaker", "k8s": "kubectl", "slurm": "sbatch"}

@@ -68,9 +68,5 @@ _NUMBER_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+
 
 def last_number(text: str) -> str | None:
     """The last number in `text` with thousands separators removed ("1,234.50" -> "1234.50"), or None."""
-    last = None
-    for last in _NUMBER_RE.finditer(text):
-        pass
-    if last is None:
-        return None
-    return last.group(0).replace(",", "")
+    matches = _NUMBER_RE.findall(text)
+    return matches[-1].replace(",", "") if matches else None

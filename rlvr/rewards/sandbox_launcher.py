@@ -58,7 +58,9 @@ def _check(name: str, rc: int) -> None:
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
+    def enc(s: str | None) -> bytes | None:
+        return s.encode() if s is not None else None
+
     _check(f"mount {target}", _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)))
 
 

@@ -79,7 +79,7 @@ def test_cluster_launch_runs_training_job(monkeypatch: pytest.MonkeyPatch, tmp_p
     real_head = launch_head_class()
 
     class RecordingHead(real_head):  # type: ignore[misc, valid-type]
-        def start(self):  # noqa: ANN202
+        def start(self):
             started.append(self)
             return super().start()
 

@@ -104,8 +104,8 @@ def test_copy_reward_asks_for_the_stop_when_the_finish_reason_is_known(completio
 def test_scorer_passes_the_finish_reason_to_reward_functions() -> None:
     """The trainer's scoring path (driver) and `rlvr eval` (score_samples) put the engine's finish_reason into
     the metadata the reward functions see: a cut-off exact string is not `correct`."""
-    from rlvr.eval.runner import score_samples
     import rlvr.rewards.builtin  # noqa: F401  (registers the built-in verifiers, "copy" among them)
+    from rlvr.eval.runner import score_samples
     from rlvr.rewards.scorer import RewardScorer, RewardsSettings
     from rlvr.types import Sample
 

@@ -46,9 +46,10 @@ def test_rlvr_eval_writes_summary_and_completions(tiny_model: Path, tmp_path: Pa
 
 
 def test_evaluate_with_real_engine_matches_rescoring(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
     from rlvr.data import eval_requests
     from rlvr.rollout.hf_engine import TransformersEngine
-    from transformers import AutoTokenizer
 
     cfg = resolve_config(EvalArgs(model=str(tiny_model), dataset=["builtin:copy"], num_samples=3, max_prompts=3,
                                   max_new_tokens=6))

@@ -12,7 +12,6 @@ import traceback
 from typing import Any
 
 import pytest
-
 from gpu_helpers import Proc, _pin, _serve, build_tiny_dir, copy_pairs, engine_proc, make_cfg
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,6 @@ import math
 import time
 
 import pytest
-
 from gpu_helpers import build_tiny_dir, copy_pairs, engine_proc, make_cfg
 
 pytestmark = pytest.mark.gpu

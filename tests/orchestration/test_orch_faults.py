@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import faults as fault_bench  # noqa: E402
+import faults as fault_bench
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -7,8 +7,16 @@ import math
 
 import pytest
 
-from rlvr.rewards.sandbox_rpc import (Channel, Remote, RemoteError, _free_names, _module_like, _TestNamespace, decode,
-                                      encode)
+from rlvr.rewards.sandbox_rpc import (
+    Channel,
+    Remote,
+    RemoteError,
+    _free_names,
+    _module_like,
+    _TestNamespace,
+    decode,
+    encode,
+)
 
 
 def _no_refs(obj):
@@ -30,15 +38,15 @@ def test_nan_round_trips():
 
 
 def test_anything_not_exactly_plain_becomes_a_ref():
-    class I(int):
+    class Int(int):
         pass
 
     class L(list):
         pass
 
     refs = []
-    enc = encode([I(3), L([1]), True, object()], lambda o: refs.append(o) or len(refs) - 1)
-    assert enc == [{"ref": 0}, {"ref": 1}, True, {"ref": 2}] and type(refs[0]) is I
+    enc = encode([Int(3), L([1]), True, object()], lambda o: refs.append(o) or len(refs) - 1)
+    assert enc == [{"ref": 0}, {"ref": 1}, True, {"ref": 2}] and type(refs[0]) is Int
 
 
 class _Liar(int):
