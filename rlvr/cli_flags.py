@@ -43,7 +43,7 @@ def bool_flags(cls: type, prefix: str = "") -> set[str]:
     for f in dataclasses.fields(cls):
         tp, name = _unwrap(hints[f.name])
         name = f.name.replace("_", "-") if name is None else name
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out |= bool_flags(tp, f"{prefix}{name}." if name else prefix)
         elif _is_bool(tp):
             out.add(f"--{prefix}{name}")

@@ -30,7 +30,7 @@ in N_seq (the packer fills N_seq that way).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -243,7 +243,7 @@ def policy_loss(
         if config.entropy_coef != 0:
             total = total - config.entropy_coef * entropy
         metrics["loss/entropy"] = float((entropy.detach() * m).sum()) / num_local
-    norm = dict(
+    norm: dict[str, Any] = dict(
         global_num_loss_tokens=global_num_loss_tokens,
         global_num_samples=global_num_samples,
         max_completion_length=config.max_completion_length,

@@ -12,7 +12,7 @@ import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, cast, get_args, get_origin
 
 import yaml
 
@@ -39,7 +39,7 @@ def _describe(tp: Any) -> str:
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {type(value).__name__}")
         return _build(tp, value, key)
@@ -97,7 +97,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
 
 def _build(cls: type[T], data: dict[str, Any], prefix: str) -> T:
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in dataclasses.fields(cast(Any, cls))]
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)

@@ -56,7 +56,7 @@ def render() -> str:
                        f"| {root_docs.get(f.name, '')} |")
     for f in dataclasses.fields(ExperimentConfig):
         cls = root_hints[f.name]
-        if not dataclasses.is_dataclass(cls):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             continue
         docs, hints = field_docs(cls), typing.get_type_hints(cls)
         out.append(f"\n**`{f.name}`**: {(cls.__doc__ or '').strip()}\n")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import shlex
 import shutil
@@ -77,7 +78,7 @@ def cluster_resources(address: str) -> tuple[float, float, str]:
     """(GPUs, CPUs, dashboard URL) that the Ray cluster at address reports."""
     import ray
 
-    ctx = ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    ctx = ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     try:
         res = ray.cluster_resources()
         dashboard = ctx.dashboard_url or ""

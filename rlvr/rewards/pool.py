@@ -124,7 +124,7 @@ class VerifierPool:
             raise ValueError(f"VerifierPool needs num_workers >= 1, timeout_s > 0, max_queue >= 1; got "
                              f"{self.settings.num_workers}, {self.settings.timeout_s}, {self.settings.max_queue}")
         self._scorer = RewardScorer(self.settings)  # validates names and params here, in the caller
-        self._ctx = mp.get_context(start_method)
+        self._ctx: Any = mp.get_context(start_method)  # a concrete context (fork/spawn/forkserver)
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["rlvr.rewards.builtin", "math_verify"])
         self._hard_timeout = self.settings.timeout_s + hard_grace_s

@@ -63,7 +63,7 @@ def _parents() -> tuple[str, dict[str, str]] | None:
                     enabled = set(f.read().split())
                 if {"memory", "pids"} <= enabled and os.access(d, os.W_OK):
                     return "cgroup2", {"": d}
-    found = {}
+    found: dict[str, str] = {}
     for root, point, fstype, opts in mounts:
         for c in ("memory", "pids"):
             if fstype == "cgroup" and c in opts and c in own:

@@ -154,7 +154,7 @@ class RewardScorer:
                 entry = _Entry(key, name, spec, 1.0, {})
                 entries.append(entry)
             entry.route_index = i if entry.route_index < 0 else entry.route_index
-            if paired:
+            if paired and isinstance(gold, (list, tuple)):
                 entry.ground_truth, entry.override_gt = gold[i], True
         return entries, errors
 
@@ -217,6 +217,7 @@ class RewardScorer:
             routed = sorted((e for e in entries if e.route_index >= 0), key=lambda e: e.route_index)
             primary = routed[0].key if routed else None
         entry = next((e for e in entries if e.key == primary), None)
-        if entry is None or entry.spec is None or scores.get(entry.key) is None:
+        score = scores.get(entry.key) if entry is not None else None
+        if entry is None or entry.spec is None or score is None:
             return None
-        return scores[entry.key] >= entry.spec.max_score - 1e-9
+        return score >= entry.spec.max_score - 1e-9
