@@ -88,7 +88,7 @@ class Sample:
 
 @dataclass
 class RewardResult:
-    """The score of one completion (INTERFACES.md §2).
+    """The score of one completion (docs/design.md, Records).
 
     `total` is the weighted sum over non-None scores, None when every score is None; `correct` says whether
     the primary verifier reached its maximum (1.0 for built-in verifiers), None when it could not score.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU tests (tests/gpu, marker `gpu`) on a GPU host, with the offline bundle from ../shared/gpu-stack unpacked
-# into $SITE (default /tmp/site). Run from anywhere; output is tee'd to $OUT/gpu_tests.log.
+# GPU tests (tests/gpu, marker `gpu`) on a GPU host, with an offline bundle of the GPU wheels (torch, vllm, ray,
+# deepspeed at the versions of docs/gpu-results/README.md; not part of this repository) unpacked into $SITE (default
+# /tmp/site). Run from anywhere; output is tee'd to $OUT/gpu_tests.log.
 #   bash scripts/gpu_check.sh [extra pytest args, e.g. -k nccl]
 # Two GPUs run every test; with one, the NCCL tests (trainer and engine on separate GPUs) skip.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """Group-relative advantages from scalar rewards (GRPO family).
 
-For a group of G samples of one prompt with rewards r_i (ALGORITHMS.md §1):
+For a group of G samples of one prompt with rewards r_i (docs/design.md, Algorithms: advantages):
 - scale "group" (GRPO, DeepSeekMath §4.1.2): A_i = (r_i - mean_g(r)) / (std_g(r) + eps).
 - scale "batch" (TRL `scale_rewards="batch"`): mean per group, std of the rewards over the whole batch.
 - scale "none" (Dr. GRPO, "Understanding R1-Zero-like Training" §3.1): A_i = r_i - mean_g(r).

@@ -1,4 +1,4 @@
-"""Engine/learner mismatch correction and staleness accounting (ALGORITHMS.md §5).
+"""Engine/learner mismatch correction and staleness accounting (docs/design.md, Algorithms: staleness and correction).
 
 The generation engine's log-probs l_gen differ from the learner's l_old (other kernels, bf16, and with
 asynchronous training older weights). With ratio w_t = exp(l_old_t - l_gen_t):
@@ -12,7 +12,7 @@ Weights carry no gradient (they multiply the per-token policy loss as stop-gradi
 still count in the loss normaliser, so splitting a batch into micro-batches/ranks never changes the loss.
 
 Invariants: weights are finite and >= 0; log ratios are clamped to +-40 before exp; only tokens with
-mask 1 enter the metrics. Staleness = learner step - version_start (INTERFACES §2, the conservative end).
+mask 1 enter the metrics. Staleness = learner step - version_start (docs/design.md, Records: the conservative end).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Invariants:
 - Zero-variance groups are classified as all_correct / all_wrong from per-sample `correct` flags when
   given (else reward > 0 stands for correct); the rest (mixed flags, unscored) count as `other`.
 - `ActiveSampler` never loses a group: every group it was fed is, at any time, exactly one of
-  kept-and-returned, kept-and-buffered, or filtered (the prompt accounting identity of INTERFACES §7).
+  kept-and-returned, kept-and-buffered, or filtered (the prompt accounting identity: docs/design.md, Prompt
+  accounting).
 """
 
 from __future__ import annotations

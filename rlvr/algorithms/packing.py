@@ -1,6 +1,6 @@
 """Sequence packing for the learner: rows of at most `pack_length` tokens, balanced over data-parallel ranks.
 
-Pipeline (ALGORITHMS.md §6): first-fit-decreasing of samples (prompt + completion) into rows ->
+Pipeline (docs/design.md, Algorithms: packing): first-fit-decreasing of samples (prompt + completion) into rows ->
 rows spread over ranks balancing token counts with equal row counts (+-1) -> each rank's rows grouped into
 micro-batches of `micro_batch_rows` rows -> every rank padded with dummy micro-batches to the same count
 (a rank that ran out would deadlock the collectives of the others).

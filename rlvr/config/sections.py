@@ -1,8 +1,9 @@
-"""Typed config: one dataclass per section of INTERFACES.md §1, and the root `ExperimentConfig`.
+"""Typed config: one dataclass per section (docs/design.md, Config), and the root `ExperimentConfig`.
 
-Every field has a docstring (tyro renders it as `--help` text and `docs/config.md` is generated from it).
-Defaults follow INTERFACES.md §1 and cite their source. This module imports only the standard library so
-that `import rlvr.config` stays fast on a login node (a test checks that torch/ray/vllm/deepspeed stay out).
+Every field has a docstring (tyro renders it as `--help` text and the README's config reference is generated
+from it, `python -m rlvr.config.reference`). Defaults are written here once, the single source (docs/design.md,
+Config), and cite their source. This module imports only the standard library so that `import rlvr.config` stays
+fast on a login node (a test checks that torch/ray/vllm/deepspeed stay out).
 Values discovered at run time (world size, GPU count) live in the run context, never here.
 """
 
@@ -79,7 +80,7 @@ class GenerationConfig:
     """Sampling settings of the rollout engines."""
 
     num_samples: int = 8
-    """Group size G: completions per prompt (GRPO; INTERFACES default 8)."""
+    """Group size G: completions per prompt (GRPO; default 8)."""
     temperature: float = 1.0
     """Sampling temperature; the learner divides its logits by the same value."""
     top_p: float = 1.0

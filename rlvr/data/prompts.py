@@ -1,6 +1,6 @@
 """Prompt rendering, the training prompt stream (weighted mixer, epochs, resumable) and eval requests.
 
-Invariants (INTERFACES.md §2, §7):
+Invariants (docs/design.md, Records and Prompt accounting):
 - `prompt_id` = make_prompt_id(dataset, row, epoch), where epoch is the pass over that dataset; ids are
   stable across restarts (row = position in the source, bad rows included).
 - Every pull ends in exactly one of the stream's outcomes: returned as a request, `dropped_too_long` or

@@ -5,8 +5,8 @@ Both expose the same small surface so that the train step is written once:
 clips, applies the optimizer and scheduler and returns the pre-clip gradient norm (NaN/inf are reported,
 and the update is skipped, never applied).
 
-Normalisation: rlvr's losses are already divided by the step's GLOBAL normaliser (ALGORITHMS.md §3), so the
-gradients of all micro-batches and all ranks must be SUMMED. The torch backend all-reduces with SUM;
+Normalisation: rlvr's losses are already divided by the step's GLOBAL normaliser (docs/design.md, Algorithms:
+aggregation), so the gradients of all micro-batches and all ranks must be SUMMED. The torch backend all-reduces with SUM;
 DeepSpeed averages over data-parallel ranks and may divide by its accumulation steps, so the loss is
 multiplied by the world size and passed with `scale_wrt_gas=False`.
 """
@@ -159,7 +159,8 @@ class DeepSpeedBackend:
         """(name, full tensor) in `named_parameters` order. Under ZeRO-3 parameters are gathered in buckets of
         `learner.zero3_gather_mb` (collectives: iterate on every rank, to the end), never the whole model at
         once, so a model much larger than one GPU's free memory can still be synced; each bucket's gather has
-        completed on all ranks before rank 0 hands its tensors to the sender (INTERFACES §4). With `copy` each
+        completed on all ranks before rank 0 hands its tensors to the sender (docs/design.md, Weight transport).
+        With `copy` each
         tensor is cloned inside its gather, so what a sender keeps does not depend on how DeepSpeed frees the
         gathered storage when the bucket closes (DeepSpeed's `_zero3_consolidated_16bit_state_dict` copies
         layer by layer the same way)."""

@@ -1,4 +1,4 @@
-"""Prompt accounting (INTERFACES.md §7): every prompt pulled from a dataset ends in exactly one counter.
+"""Prompt accounting (docs/design.md, Prompt accounting): every prompt pulled from a dataset ends in exactly one counter.
 
 Terminal states: trained, filtered (zero variance), dropped_stale, dropped_too_long, skipped_bad_row,
 failed. A prompt between pull and its terminal state is `in_flight`. Invariant, checked every step and

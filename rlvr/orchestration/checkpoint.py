@@ -1,4 +1,4 @@
-"""Run directory and checkpoint mechanics (INTERFACES.md §6).
+"""Run directory and checkpoint mechanics (docs/design.md, Run directory).
 
 Atomicity: a checkpoint is written into `checkpoints/.tmp_step_<n>/`, gets its MANIFEST.json (files, sizes,
 sha256) last, is renamed to `step_<n>/`, and only then is `checkpoints/latest` rewritten (via a temp file +

@@ -1,5 +1,5 @@
-"""Per-step rollout and reward metrics, and samples.jsonl rows (plain dicts of floats, INTERFACES.md §6 key
-namespaces). Eval metrics are `rlvr.eval.runner`'s (see `rlvr.orchestration.evaluation.eval_metrics`)."""
+"""Per-step rollout and reward metrics, and samples.jsonl rows (plain dicts of floats, key namespaces of
+docs/design.md, Metrics). Eval metrics are `rlvr.eval.runner`'s (see `rlvr.orchestration.evaluation.eval_metrics`)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def rollout_metrics(groups: list[Group], learner_version: int) -> dict[str, floa
 
 
 def sample_records(groups: list[Group], step: int, limit: int) -> list[dict[str, Any]]:
-    """Rows of samples.jsonl (INTERFACES.md §6) for the first `limit` samples."""
+    """Rows of samples.jsonl (docs/design.md, Run directory) for the first `limit` samples."""
     out = []
     for g in groups:
         for s, r, adv in zip(g.samples, g.rewards, g.advantages or [0.0] * g.num_samples):

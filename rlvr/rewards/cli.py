@@ -7,8 +7,8 @@ Two modes:
 
 `--list` prints every reward function: its parameters, what it scores, and an example with its score.
 
-Output (INTERFACES.md §5): one JSON object per completion, `{"scores": {...}, "total": ..., "correct": ...,
-"status": "ok", "error": ..., "elapsed_s": ...}`, on stdout; with `--output`, the rows extended with those
+Output (docs/design.md, Reward functions): one JSON object per completion, `{"scores": {...}, "total": ...,
+"correct": ..., "status": "ok", "error": ..., "elapsed_s": ...}`, on stdout; with `--output`, the rows extended with those
 fields go to the file and stdout gets one summary object. Exit code 0 when every row scored; 2 for a usage
 error, or when rows failed to score (status `error` or `timeout`): every result is still written, and stderr
 counts the failed rows and names each (its input line) with the error. `run_reward` is what `rlvr reward` calls.
