@@ -84,7 +84,9 @@ class Trainer:
             num_ranks=len(self.actors.learners), micro_batch_rows=self.cfg.learner.micro_batch_rows,
             pad_token_id=self.pad_token_id)
         m.update(pack_metrics)
-        m.update(self._train_and_sync(per_rank))
+        m.update(self._train(per_rank))
+        self.evals.finish()  # an overlapped eval must see the previous weights only (logged to eval.jsonl)
+        m.update(self._sync())
         m.update(self._account(groups))
         m.update(self._throughput(groups, time.perf_counter() - t_step))
         m.update(self._eval_after_step())
@@ -95,8 +97,8 @@ class Trainer:
             self.save_checkpoint()
         return m
 
-    def _train_and_sync(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
-        """Train every rank on its batches (one policy version), then send the new weights to the engines."""
+    def _train(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
+        """Every rank trains on its batches: one policy version; metrics of all ranks, each reduced by its type."""
         t0 = time.perf_counter()
         if self.weights.colocated and self.cfg.rollout.colocate_sleep:  # give the learner the GPU memory
             self.evals.finish()  # asleep, the engines could not finish an overlapped eval
@@ -104,21 +106,20 @@ class Trainer:
         self.faults.before_train(self.step + 1, self.actors)
         outs = learner_get([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
                            "train_batch", self.timeout)
-        t1 = time.perf_counter()
         self.step += 1
         self.collector.advance()
-        self.evals.finish()  # an overlapped eval must see the previous weights only
+        return {**reduce_all(outs), "time/train": time.perf_counter() - t0}
+
+    def _sync(self) -> dict[str, float]:
+        """The new weights to the engines; a failed engine is replaced (and synced) instead."""
+        t0 = time.perf_counter()
         self.faults.before_sync(self.step, self.actors)
         try:
             sync = self.weights.sync(self.step)
         except EngineFailure as e:  # the group is broken for everyone: rebuilt with the replacement
             self._replace_engine(e)
             sync = {}
-        out = reduce_all(outs)  # every rank's metrics, each reduced by its type
-        out.update(sync)
-        out["time/train"] = t1 - t0
-        out["time/sync"] = time.perf_counter() - t1
-        return out
+        return {**sync, "time/sync": time.perf_counter() - t0}
 
     def _account(self, groups: list[Group]) -> dict[str, float]:
         for g in groups:

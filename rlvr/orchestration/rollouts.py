@@ -100,7 +100,7 @@ class RolloutFeeder:
         by_prompt: dict[str, list[Sample]] = defaultdict(list)
         for samples in results:
             for s in samples:
-                if s.is_eval:  # an overlapped eval: collected by the driver's finish_eval
+                if s.is_eval:  # an overlapped eval: collected by the Evaluator (evaluation.py)
                     self.eval_samples.append(s)
                     continue
                 by_prompt[s.prompt_id].append(s)
