@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import re
 
+import envs_user_tools
 import pytest
 
-import envs_user_tools
 from rlvr.envs.tool_calls import ToolCall
 from rlvr.envs.tools import (
     PythonTool,
     ToolError,
     ToolSet,
     build_toolset,
-    calculator_tool,
     evaluate_arithmetic,
     load_user_tool,
     python_tool,
