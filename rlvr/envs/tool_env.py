@@ -3,8 +3,8 @@
 Episode: the first observation is a system message (instructions plus the tool-call format's description of
 the tools) and the row's prompt. Each policy turn is parsed with the tool-call format:
 
-- calls (or malformed calls) -> every call is executed by the `ToolSet` (contained: timeouts, errors and output
-  caps, see rlvr/envs/tools.py), and the results are the next observation; a malformed call gets an error
+- calls (or malformed calls) -> every call is executed by the tool set (`tools`: names, or any `ToolExecutor` such
+  as a `ToolSet` or a `ProcessToolSet`; contained: timeouts, errors and output caps, see rlvr/envs/tools.py), and the results are the next observation; a malformed call gets an error
   result (reason "parse_error"). With `end_on_tool_error`, any failed call ends the episode instead, reason
   "tool_error";
 - no call at all -> the turn is the final answer: the row's verifier (`row["verifier"]`, else the env's
@@ -21,7 +21,7 @@ from typing import Any
 
 from rlvr.envs.base import Observation, StepResult
 from rlvr.envs.tool_calls import ToolCallFormat, ToolResult, get_format
-from rlvr.envs.tools import ToolSet, build_toolset
+from rlvr.envs.tools import ToolExecutor, build_toolset
 
 DEFAULT_INSTRUCTIONS = ("Solve the task. Call the tools when you need them; when you know the answer, reply "
                         "without a tool call and put the final answer in \\boxed{}.")
@@ -30,11 +30,12 @@ DEFAULT_INSTRUCTIONS = ("Solve the task. Call the tools when you need them; when
 class ToolEnv:
     """The tool-calling environment (module docstring); one instance per episode."""
 
-    def __init__(self, tools: list[str] | ToolSet | None = None, tool_format: str | ToolCallFormat = "qwen",
+    def __init__(self, tools: list[str] | ToolExecutor | None = None, tool_format: str | ToolCallFormat = "qwen",
                  verifier: str = "math", instructions: str = DEFAULT_INSTRUCTIONS, end_on_tool_error: bool = False,
                  max_output_chars: int = 2000) -> None:
-        toolset = tools if isinstance(tools, ToolSet) else build_toolset(list(tools or ["calculator"]), max_output_chars)
-        self.tools = toolset
+        if tools is None or isinstance(tools, (list, tuple)):
+            tools = build_toolset(list(tools or ["calculator"]), max_output_chars)
+        self.tools: ToolExecutor = tools
         self.format = get_format(tool_format) if isinstance(tool_format, str) else tool_format
         self.verifier = verifier
         self.instructions = instructions

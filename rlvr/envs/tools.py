@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rlvr.envs.tool_calls import ToolCall, ToolResult, ToolSpec
 
@@ -58,6 +58,15 @@ class Tool:
     spec: ToolSpec
     fn: ToolFn
     timeout_s: float = 5.0
+
+
+class ToolExecutor(Protocol):
+    """What an environment needs from a tool set: the specs to describe, and contained execution of one call.
+    Implemented in process by `ToolSet` and in a child process by `rlvr.envs.tool_process.ProcessToolSet`."""
+
+    def specs(self) -> list[ToolSpec]: ...
+
+    def execute(self, call: ToolCall, row: dict[str, Any]) -> ToolResult: ...
 
 
 def _truncate(text: str, max_chars: int) -> tuple[str, bool]:

@@ -33,3 +33,16 @@ def flood(n: int = 100_000) -> str:
 
 SHOUT = Tool(ToolSpec("shout", "Upper-case a string.", {"type": "object", "properties": {"text": {}}}),
              lambda arguments, row: str(arguments["text"]).upper(), timeout_s=1.0)
+
+
+def spin() -> str:
+    """Spin forever holding the GIL (only a process kill stops it)."""
+    while True:
+        pass
+
+
+def die(code: int = 3) -> str:
+    """Exit the process at once (a hard crash)."""
+    import os
+
+    os._exit(code)
