@@ -1,6 +1,7 @@
 """Multi-turn environments and tool use (docs/multi-turn.md).
 
-Layers (no import cycle): base (protocol, registry) <- tool_calls (call format) <- tools (tool set) <- tool_env
-(the tool-calling environment) <- builtin (registered environments); episode (the token-exact loop) depends
-only on base; tasks (dataset generator) depends on nothing here.
+Layers (no import cycle): base (protocol, registry) <- tool_calls (call format) <- tools (tool set) <-
+tool_process (tool set in a child process) and tool_env (the tool-calling environment) <- builtin (registered
+environments). The token-exact loop: turns (observation tokenization) <- episode (the loop) <- engine_turns
+(engine adapter, Episode -> Sample). tasks (the lookup dataset) depends on nothing here.
 """
