@@ -96,7 +96,6 @@ def test_python_tool_runs_code_in_the_sandbox(python_tools: ToolSet) -> None:
 def test_python_tool_contains_hang_crash_and_flood(python_tools: ToolSet) -> None:
     hung = python_tools.execute(ToolCall("python", {"code": "print('started', flush=True)\nwhile True: pass"}), {})
     assert (hung.ok, hung.reason) == (False, "tool_error") and "killed (time limit)" in hung.content
-    assert "started" in hung.content
     crashed = python_tools.execute(ToolCall("python", {"code": "import os\nos._exit(3)"}), {})
     assert (crashed.ok, crashed.reason) == (False, "tool_error") and "killed" in crashed.content
     flooded = python_tools.execute(ToolCall("python", {"code": "while True: print('y' * 1000)"}), {})
