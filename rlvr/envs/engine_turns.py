@@ -51,7 +51,7 @@ def episode_to_sample(ep: Episode, prompt_id: str, sample_index: int = 0, engine
     """The episode as a `Sample` (module docstring); turn records and metrics go to metadata."""
     versions = [t.policy_version for t in ep.turns] or [-1]
     cut = ep.prompt_length
-    meta = {**(metadata or {}), "completion_loss_mask": ep.loss_mask[cut:], "end_reason": ep.end_reason,
+    meta = {**(metadata or {}), "completion_loss_mask": ep.loss_mask[cut:], "end_reason": ep.end_reason, "error": ep.error,
             "reward_terms": dict(ep.reward_terms), "episode_metrics": ep.metrics(),
             "turns": [(t.start - cut, t.end - cut, t.policy_version, t.finish_reason) for t in ep.turns]}
     return Sample(prompt_id=prompt_id, sample_index=sample_index, prompt_token_ids=ep.token_ids[:cut],

@@ -13,7 +13,8 @@ the engine; `rlvr.envs.engine_turns` adapts a `GenerationEngine`.
 Limits and end reasons (`Episode.end_reason`): the environment's own ("done", or e.g. "tool_error");
 "max_turns" (the last allowed turn did not finish the episode); "turn_length" (a turn hit the per-turn token
 limit: it is kept, but not stepped); "max_total_tokens" (the transcript cannot hold another turn or the next
-observation; such an observation is not appended); "abort" (the engine aborted the turn).
+observation; such an observation is not appended); "abort" (the engine aborted the turn); "env_error" (`env.step` raised: the
+message is in `Episode.error`; the exception does not propagate).
 
 Invariants: len(token_ids) == len(loss_mask) == len(logprobs) == len(policy_versions) <= max_total_tokens
 (the prompt alone may exceed it: then no turn runs); loss_mask is 1 exactly on generated tokens, whose
@@ -83,6 +84,7 @@ class Episode:
     end_reason: str = ""
     env_metrics: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
+    error: str | None = None
 
     def append(self, ids: list[int], generated: bool, logprobs: list[float] | None = None, version: int = -1) -> None:
         """Add a span: generated ids carry their log-probs and version, observation ids 0 and -1."""
@@ -131,7 +133,11 @@ def _play(ep: Episode, env: Environment, generator: TurnGenerator, tokens: Obser
             return "abort"
         if turn.finish_reason == "length":
             return "turn_length" if budget == limits.max_tokens_per_turn else "max_total_tokens"
-        result = env.step(record.text, list(turn.token_ids))
+        try:
+            result = env.step(record.text, list(turn.token_ids))
+        except Exception as e:  # trust boundary: a user environment's bug ends this episode, not the run
+            ep.error = f"{type(e).__name__}: {e}"[:500]
+            return "env_error"
         record.metrics = dict(result.metrics)
         _add(ep.reward_terms, result.reward_terms)
         _add(ep.env_metrics, result.metrics)

@@ -170,3 +170,13 @@ def test_wrong_answer_scores_zero_and_bad_generators_are_rejected(scripted: Call
 
     with pytest.raises(ValueError, match="log-probs"):
         run_episode(ToolEnv(tools=["lookup"]), ROW, _Broken(), obs_tokens)
+
+
+class _Buggy(_AlwaysCalls):
+    def step(self, turn_text: str, turn_token_ids: list[int]) -> StepResult:
+        raise KeyError("oops")
+
+
+def test_an_environment_that_raises_ends_the_episode(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer) -> None:
+    ep = run_episode(_Buggy(), {}, scripted(["a"]), obs_tokens)
+    assert (ep.end_reason, ep.error, len(ep.turns)) == ("env_error", "KeyError: 'oops'", 1)
