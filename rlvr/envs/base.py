@@ -28,8 +28,8 @@ class Observation:
 
     - `messages`: chat messages rendered with the tokenizer's chat template and a generation prompt (the
       first observation of an episode: system + user prompt);
-    - `text`: the content of a later turn (a tool response), wrapped into a chat turn of `role` by the
-      episode's `TurnTemplate`;
+    - `text`: the content of a later turn (a tool response), wrapped into a chat turn by the episode's
+      `TurnTemplate` (built for one role; `role` here is informational, recorded for the integration);
     - `token_ids`: exact ids appended as they are (wins over the other two).
     """
 
