@@ -20,8 +20,13 @@ from rlvr.algorithms.packing import pack_step
 from rlvr.algorithms.shaping import ShapingConfig
 from rlvr.config import ExperimentConfig
 from rlvr.orchestration.accounting import PromptLedger, source_drops
-from rlvr.orchestration.checkpoint import (FRESH_START_HINT, CheckpointError, RunDir, read_driver_state,
-                                           write_driver_state)
+from rlvr.orchestration.checkpoint import (
+    FRESH_START_HINT,
+    CheckpointError,
+    RunDir,
+    read_driver_state,
+    write_driver_state,
+)
 from rlvr.orchestration.collector import RolloutCollector, VerifierScorer
 from rlvr.orchestration.evaluation import Evaluator
 from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested

@@ -32,8 +32,8 @@ def test_ranks_merge_by_type_not_by_averaging_averages() -> None:
 
 
 def test_plain_dicts_reduce_by_the_given_types_then_suffix() -> None:
-    out = reduce_all([{"perf/rows": 3.0, "perf/eff": 0.5, "x_max": 1.0}, {"perf/rows": 4.0, "perf/eff": 1.0, "x_max": 7.0}],
-                     reductions={"perf/rows": "sum"})
+    parts = [{"perf/rows": 3.0, "perf/eff": 0.5, "x_max": 1.0}, {"perf/rows": 4.0, "perf/eff": 1.0, "x_max": 7.0}]
+    out = reduce_all(parts, reductions={"perf/rows": "sum"})
     assert out == {"perf/rows": 7.0, "perf/eff": 0.75, "x_max": 7.0}
 
 
