@@ -62,8 +62,7 @@ class Trainer:
         self.failures: list[dict[str, Any]] = []
         self.weights = WeightUpdater(actors, self.timeout)
         self.score = VerifierScorer(actors, self.timeout)
-        shaping = ShapingConfig(cfg.generation.max_new_tokens, a.overlong_buffer, a.overlong_penalty,
-                                a.non_stop_penalty, a.mask_truncated)
+        shaping = ShapingConfig.from_config(a, cfg.generation.max_new_tokens)
         self.collector = RolloutCollector(self.feeder, self.ledger, cfg.rollout, shaping, self.score,
                                           on_idle=self._health, on_engine_failure=self._replace_engine)
         self.evals = Evaluator(cfg, actors, eval_requests, self.feeder, self.collector, self.score, self.log,
