@@ -4,7 +4,7 @@ A plain class (the Ray actor in `rlvr.orchestration.actors` is a thin shell). On
 one policy version: `num_epochs` passes over `num_mini_batches` PackedBatches, one optimizer step each.
 With more than one optimizer step per rollout batch the old log-probs are recomputed under the weights
 before the first update (so the clipped ratio is meaningful); with exactly one step l_old = stopgrad(l)
-(ratio 1, ALGORITHMS.md §2) and TIS corrects the engine/learner mismatch against the engine's log-probs.
+(ratio 1, docs/design.md, Algorithms) and TIS corrects the engine/learner mismatch against the engine's log-probs.
 Every rank must receive the same number of mini- and micro-batches (the packer guarantees it).
 """
 

@@ -1,7 +1,7 @@
 """Collecting one training step's groups: the in-flight budget, staleness drops, shaping, filtering, and the policy
 for a step whose prompts are all uninformative.
 
-Rules (ALGORITHMS.md §5, AReaL-style bounded staleness), all in `RolloutCollector`:
+Rules (docs/design.md, Algorithms: staleness; AReaL-style bounded staleness), all in `RolloutCollector`:
 - window: at most (async_steps + 1) * B prompts are submitted and unresolved or held; with async_steps = 0 that
   is one step's worth, submitted after the weight sync, so every sample is on-policy.
 - budget: submissions still allowed. The window to start, B more per trained step (`advance`), one back per

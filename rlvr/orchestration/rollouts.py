@@ -1,7 +1,7 @@
 """Feeding engines and collecting complete groups (the engine side of `rlvr.orchestration.collector`).
 
 The feeder submits prompts, least-loaded engine first, up to the in-flight limit its caller computes (the
-collector's staleness window, ALGORITHMS.md §5), and hands out the complete groups the engines return.
+collector's staleness window, docs/design.md, Algorithms), and hands out the complete groups the engines return.
 
 Engine handles: the feeder calls `handle.submit.remote(requests)`, `handle.poll.remote()` and
 `handle.stats.remote()` and resolves the answers with `engine_get`: a Ray actor handle (`EngineActor`) returns

@@ -1,4 +1,4 @@
-"""`rlvr dashboard RUN_DIR [RUN_DIR ...]`: a live local web page over run directories (INTERFACES.md §6).
+"""`rlvr dashboard RUN_DIR [RUN_DIR ...]`: a live local web page over run directories (docs/design.md, Metrics).
 
 A stdlib `http.server` on 127.0.0.1 serves one self-contained page (dashboard_assets/page.html: inline JS and
 SVG charts, no CDN, nothing fetched from the network) and a JSON endpoint `/api/data` that the page polls.
@@ -223,7 +223,7 @@ def host_allowed(host: str | None, bound_host: str = "127.0.0.1") -> bool:
 
 def _handler(dash: Dashboard, page: bytes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:  # http.server's name (not snake_case)
             if not host_allowed(self.headers.get("Host"), str(self.server.server_address[0])):
                 self._send(HTTPStatus.FORBIDDEN, "text/plain", b"forbidden: unknown Host header")
                 return
@@ -250,7 +250,7 @@ def _handler(dash: Dashboard, page: bytes) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (quiet: polled every few s)
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: polled every few s (`format`: the base's name)
             pass
 
     return Handler

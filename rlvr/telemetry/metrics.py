@@ -1,7 +1,7 @@
 """Metric records: metrics.jsonl / eval.jsonl / samples.jsonl writers and the console progress line.
 
 Each JSONL line is one complete JSON object written with a single write + flush, so readers (the
-dashboard) may tail the files while the run goes on. Keys follow INTERFACES.md §6 namespaces.
+dashboard) may tail the files while the run goes on. Keys follow the namespaces of docs/design.md, Metrics.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ never imports wandb. With `online` or `offline`:
   back and calls `wandb.init(id=..., resume="allow")`, so its points continue the same wandb run.
 - Every metric is plotted against `train/step` (`define_metric("*", step_metric="train/step")`), which
   `log` adds to each record; wandb's own step counter is never set, so a resume cannot collide with it.
-  Keys keep rlvr's namespaces (INTERFACES.md §6: reward/, eval/, rollout/, loss/, perf/, time/ ...), which
+  Keys keep rlvr's namespaces (docs/design.md, Metrics: reward/, eval/, rollout/, loss/, perf/, time/ ...), which
   wandb shows as one panel section each.
 - `log_samples` logs a table of completions (prompt, completion, reward per function, total, advantage)
   every `samples_every_n_steps` steps (the config's `logging.wandb_table_every_n_steps`: a table a step is
