@@ -2,7 +2,7 @@
 
 The group is built directly from a TCPStore + ProcessGroupGloo, outside the default torch.distributed world,
 so learners keep their own data-parallel group and engines need none. Rank 0 is the sender (learner rank 0),
-ranks 1..N are engines. Protocol per sync (INTERFACES.md §4): metadata (names, dtypes, shapes) goes first as
+ranks 1..N are engines. Protocol per sync (docs/design.md, Weight transport): metadata (names, dtypes, shapes) goes first as
 one JSON byte tensor (data only: a peer's bytes are never unpickled; unknown dtypes or malformed shapes are
 refused with ValueError), then the tensors in that fixed order, flattened into buckets of at most
 `bucket_bytes` per dtype (one broadcast per bucket, not per tensor). Each side reports seconds and bytes.
