@@ -6,7 +6,7 @@ initialised) the handles are all-gathered so that each engine worker finds the o
 UUID). Learner rank 0 hands each chunk's update info to `deliver`, which must return only after every
 engine has loaded the chunk (`VLLMEngine.update_weights_chunk`): the buffer is then reused for the next one.
 
-Protocol per sync (INTERFACES.md §4), driven by the caller (in rlvr: `rlvr.weight_sync.transport`'s "ipc" kind):
+Protocol per sync (docs/design.md, Weight transport), driven by the caller (in rlvr: `rlvr.weight_sync.transport`'s "ipc" kind):
   every engine: `begin_weight_update()` -> every learner rank: `IpcWeightSender.send(named)` (rank 0
   delivers chunks; metadata travels with each chunk) -> every engine: `finish_weight_update(version)`.
 In colocated mode wake the engine's weights first (`VLLMEngine.wake_up(["weights"])`).
