@@ -6,7 +6,7 @@ are ranks `engine_rank_offset(e, engine_tp)` .. + engine_tp - 1; world size = 1 
 Building the group blocks until every member joined: construct `NcclWeightSender` concurrently with each
 engine's `VLLMEngine.init_weight_transfer(addr, port, rank_offset, world_size)`.
 
-Protocol per sync (INTERFACES.md §4): metadata (names, dtype names, shapes; `weight_metadata`) reaches the
+Protocol per sync (docs/design.md, Weight transport): metadata (names, dtype names, shapes; `weight_metadata`) reaches the
 engines ahead of the tensors, out of band (the driver passes it to `VLLMEngine.receive_weights_nccl`, which
 runs concurrently with `send`); tensors then go in that fixed order as packed uint8 buffers
 (`packed=True`: vLLM's double-buffered packed broadcast, chunks of `buffer_size_bytes`). The sender checks
