@@ -1,4 +1,4 @@
-"""The driver's side of a weight update (INTERFACES §4): learners -> engines after every optimizer step.
+"""The driver's side of a weight update (docs/design.md, Weight transport): learners -> engines after every optimizer step.
 
 The transport (`rlvr.weight_sync.transport`: gloo, nccl, ipc, or shm for LoRA on one host) is what the actor factory
 connected (`ActorFactory.connect_weight_sync`); learner and engine actors hold its sender and receivers, and every
