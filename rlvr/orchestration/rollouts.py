@@ -181,5 +181,5 @@ def engine_get(ref: Any, engine_index: int, timeout_s: float) -> Any:
 
 
 def is_stale(group: Group, learner_version: int, async_steps: int) -> bool:
-    """Staleness = learner version - version_start of the oldest sample (the conservative end, INTERFACES §2)."""
+    """Staleness = learner version - version_start of the oldest sample (the conservative end, docs/design.md, Records)."""
     return learner_version - min(s.version_start for s in group.samples) > async_steps
