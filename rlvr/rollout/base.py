@@ -1,4 +1,4 @@
-"""The generation-engine protocol (INTERFACES.md §3), shared by the transformers and vLLM engines.
+"""The generation-engine protocol (docs/design.md, Generation engines), shared by the transformers and vLLM engines.
 
 An engine is a plain class (no Ray); `rlvr.orchestration` wraps it in a Ray actor whose methods may be
 called from several threads at once (max_concurrency > 1), so every method must be thread-safe.
