@@ -2,7 +2,7 @@
 
 Invariants:
 - The recorded log-prob of a sampled token is log_softmax(logits / temperature) at that token, computed in
-  fp32 *before* top-k/top-p filtering (docs/design.md, Records: training uses top_p 1, top_k 0, so the learner's
+  fp32 *before* top-k/top-p filtering (docs/design.md, Generation engines: training uses top_p 1, top_k 0, so the learner's
   temperature-only distribution is the same). Greedy rows (temperature < GREEDY_TEMPERATURE_EPS) take the
   argmax and record temperature-1 log-probs.
 - Each row draws from its own `torch.Generator`, so a seeded row's tokens do not depend on the other rows.
