@@ -1,4 +1,4 @@
-"""The vLLM generation engine (GPU): `GenerationEngine` (INTERFACES.md §3) on vLLM 0.26's `AsyncLLM`.
+"""The vLLM generation engine (GPU): `GenerationEngine` (docs/design.md, Generation engines) on vLLM 0.26's `AsyncLLM`.
 
 A plain class (no Ray). `AsyncLLM` runs on an asyncio loop in a background thread owned by this object;
 every public method is synchronous, thread-safe, and hands its work to that loop. The weight-update methods (vLLM's
@@ -54,7 +54,7 @@ from rlvr.config import ExperimentConfig
 from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError, GroupBook
 from rlvr.rollout.lora import LoraSpec, SharedMemoryAdapters, vllm_engine_args
 from rlvr.rollout.sampling import validate_request
-from rlvr.rollout.vllm_weights import LORA_ID, VLLMWeightUpdates, allow_ipc_handles
+from rlvr.rollout.vllm_weights import VLLMWeightUpdates, allow_ipc_handles
 from rlvr.types import FinishReason, PromptRequest, Sample
 from rlvr.types import SamplingParams as RlvrSamplingParams
 
