@@ -58,7 +58,7 @@ def _failed(ref: Any) -> bool:
         return False
     except ray.exceptions.GetTimeoutError:
         return False
-    except Exception:  # noqa: BLE001 - probing which call failed
+    except Exception:  # any failure: probing which call failed
         return True
 
 
