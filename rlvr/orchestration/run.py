@@ -27,10 +27,24 @@ from typing import Any
 
 from rlvr.config import ExperimentConfig, check_resources, to_yaml
 from rlvr.orchestration.checkpoint import RunDir
-from rlvr.orchestration.health import (EXIT_PREEMPTED, PREEMPTED_MESSAGE, LearnerFailure, StopSignals, describe,
-                                      handlers_kept)
-from rlvr.orchestration.run_dirs import (RunLock, check_compatible, create_run_dir, read_run_state, remove_created,
-                                         select_run_dir, tiny_model_corpus, write_run_state)
+from rlvr.orchestration.health import (
+    EXIT_PREEMPTED,
+    PREEMPTED_MESSAGE,
+    LearnerFailure,
+    StopSignals,
+    describe,
+    handlers_kept,
+)
+from rlvr.orchestration.run_dirs import (
+    RunLock,
+    check_compatible,
+    create_run_dir,
+    read_run_state,
+    remove_created,
+    select_run_dir,
+    tiny_model_corpus,
+    write_run_state,
+)
 from rlvr.telemetry.logs import CONSOLE, EVENTS_LOG_ENV, get_logger, setup_logging
 from rlvr.telemetry.summary import print_summary
 
