@@ -24,9 +24,22 @@ from rlvr.orchestration.local_cluster import free_port
 from rlvr.rollout.lora import read_adapter_dir, write_adapter_dir
 from rlvr.weight_sync import transport
 from rlvr.weight_sync.nccl import weight_metadata
-from rlvr.weight_sync.transport import (HANDOFF, KINDS, AdapterDirReceiver, IpcReceiver, IpcSender, NcclReceiver,
-                                        NcclSender, ShmSender, WeightReceiver, WeightSender, make_receiver,
-                                        make_sender, pick_kind, send_all)
+from rlvr.weight_sync.transport import (
+    HANDOFF,
+    KINDS,
+    AdapterDirReceiver,
+    IpcReceiver,
+    IpcSender,
+    NcclReceiver,
+    NcclSender,
+    ShmSender,
+    WeightReceiver,
+    WeightSender,
+    make_receiver,
+    make_sender,
+    pick_kind,
+    send_all,
+)
 
 VERSION = 3
 NUM_ENGINES = 2
