@@ -54,7 +54,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from gpu_learner import BEFORE, emit, mfu, model_facts, peak_for, rnd, run_variants  # noqa: E402  (same directory)
 
-from rlvr.data.shaped_models import SHAPES  # noqa: E402  (no torch at import)
+from rlvr.models.shaped import SHAPES  # noqa: E402  (no torch at import)
 
 DEFAULT_LEARNER_VARIANTS = ";".join([f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"])
 
@@ -469,12 +469,12 @@ def main() -> int:
     t = time.time()
     if not a.dry_run:
         from rlvr.data import builtin_corpus
-        from rlvr.data.shaped_models import build_shaped_model_dir
+        from rlvr.models.shaped import build_shaped_model_dir
 
         build_shaped_model_dir(a.shape, list(builtin_corpus("copy4")), model_dir, 0)  # run.py's corpus and seed
         facts = model_facts(model_dir)
     else:
-        from rlvr.data.shaped_models import VOCAB_SIZE  # no torch needed for the arithmetic
+        from rlvr.models.shaped import VOCAB_SIZE  # no torch needed for the arithmetic
 
         s = SHAPES[a.shape]
         facts = model_facts_from(s, VOCAB_SIZE)

@@ -298,7 +298,7 @@ def main() -> int:
     import torch
 
     from rlvr.data import builtin_corpus
-    from rlvr.data.shaped_models import build_shaped_model_dir
+    from rlvr.models.shaped import build_shaped_model_dir
 
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     out = Path(a.out) if a.out else None

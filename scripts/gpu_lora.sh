@@ -35,7 +35,7 @@ if [ "$WHICH" = 7b ] || [ "$WHICH" = all ]; then
   # the random-weight 7B directory once (about 2 minutes, 15 GB), outside the timed run
   M7="${M7:-/tmp/rlvr-bench-model-qwen2.5-7b}"
   t0=$SECONDS
-  python3 -c "import sys; from rlvr.data import builtin_corpus; from rlvr.data.shaped_models import \
+  python3 -c "import sys; from rlvr.data import builtin_corpus; from rlvr.models.shaped import \
 build_shaped_model_dir; build_shaped_model_dir('qwen2.5-7b', list(builtin_corpus('copy4')), sys.argv[1], 0)" "$M7" \
     2>&1 | tail -n 3 | tee -a "$OUT/gpu_lora.log"
   echo "model dir $M7 ready in $((SECONDS - t0)) s" | tee -a "$OUT/gpu_lora.log"

@@ -154,11 +154,7 @@ def test_no_import_cycles_at_module_level() -> None:
     assert _cycles(_graph()) == []
 
 
-LAZY_CYCLES_KNOWN = [
-    # envs.base loads envs.builtin lazily (importlib) on the first lookup, and builtin's environments register
-    # with base: the loader pattern the rewards registry dropped (registration <- builtin <- registry).
-    ["rlvr.envs.base", "rlvr.envs.builtin", "rlvr.envs.tool_env"],
-]
+LAZY_CYCLES_KNOWN: list[list[str]] = []  # none: every registry imports its built-ins up front
 
 
 def test_no_import_cycles_even_through_function_level_imports() -> None:

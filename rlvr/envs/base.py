@@ -6,17 +6,13 @@ reward terms earned by that step, whether the episode is over and why. Environme
 episode (`make_env`); they never see or produce token ids of their own beyond the turn they are given: the
 token-exact transcript belongs to the episode loop (`rlvr.envs.episode`).
 
-Registry: like the reward registry (`rlvr.rewards.registration`). Built-in environments register with
-`@register_env("name")` when `rlvr.envs.builtin` is imported; a user environment is either registered by its
-module or named by its import path "pkg.module:Class" (a class or any factory taking keyword params).
-
-Invariants: names are unique (re-registering a name with another factory raises); `get_env` returns a
-registered factory or raises ValueError listing the known names.
+The registry lives beside it, laid out like the reward registry: `rlvr.envs.registration` (the table and
+`@register_env`, a leaf the environment modules import) and `rlvr.envs.registry` (`get_env`, `make_env`,
+`known_envs`; it imports `rlvr.envs.builtin`, so the built-ins are registered before any lookup).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -68,64 +64,3 @@ class Environment(Protocol):
 
 
 EnvFactory = Callable[..., Environment]
-
-_REGISTRY: dict[str, EnvFactory] = {}
-
-
-def _qualname(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
-
-
-def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
-    """Decorator registering an environment class (or factory) under `name`."""
-
-    def decorator(factory: EnvFactory) -> EnvFactory:
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing is not factory and _qualname(existing) != _qualname(factory):
-            raise ValueError(f"environment {name!r} is already registered by {_qualname(existing)}")
-        _REGISTRY[name] = factory
-        return factory
-
-    return decorator
-
-
-def known_envs() -> list[str]:
-    """Sorted names of every registered environment (built-ins included)."""
-    _load_builtins()
-    return sorted(_REGISTRY)
-
-
-def _import_path(path: str) -> EnvFactory:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import environment module {module_name!r} (from {path!r}): {e}") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ValueError(f"environment {path!r}: {module_name} has no callable {attr!r}")
-    return factory
-
-
-def get_env(name: str) -> EnvFactory:
-    """The factory registered under `name`; an import path "pkg.module:Class" is imported (and registered).
-
-    Raises ValueError naming the unknown environment and listing the known ones.
-    """
-    _load_builtins()
-    if name not in _REGISTRY and ":" in name:
-        register_env(name)(_import_path(name))
-    factory = _REGISTRY.get(name)
-    if factory is None:
-        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))} "
-                         "(or give an import path 'pkg.module:Class')")
-    return factory
-
-
-def make_env(name: str, **params: Any) -> Environment:
-    """A fresh environment for one episode: `get_env(name)(**params)`."""
-    return get_env(name)(**params)
-
-
-def _load_builtins() -> None:
-    importlib.import_module("rlvr.envs.builtin")  # registers the built-in environments (idempotent)

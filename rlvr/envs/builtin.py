@@ -1,4 +1,4 @@
-"""Built-in environments, registered on import (`rlvr.envs.base.get_env` imports this module).
+"""Built-in environments, registered on import (`rlvr.envs.registry` imports this module).
 
 - `tool`: the generic `ToolEnv` (tools, format and verifier from params).
 - `tool_lookup`: `ToolEnv` with the `lookup` tool over the row's hidden table, answer checked by `math`
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr.envs.base import register_env
+from rlvr.envs.registration import register_env
 from rlvr.envs.tool_env import ToolEnv
 
 LOOKUP_INSTRUCTIONS = ("Answer the question. The values are hidden: call the lookup tool to read them. When you "

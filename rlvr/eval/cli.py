@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from rlvr.cli_flags import parse
+from rlvr.cli.flags import parse
 from rlvr.config import ExperimentConfig, default_config, from_dict, read_yaml
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import ray
 
 from rlvr.config import ExperimentConfig
+from rlvr.launch.local_cluster import free_port
 from rlvr.orchestration.health import ActorFailure, EngineFailure, LearnerFailure, describe
-from rlvr.orchestration.local_cluster import free_port
 from rlvr.types import PromptRequest, RewardResult, Sample
 
 

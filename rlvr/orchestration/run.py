@@ -71,7 +71,7 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
         return resolve_model_path(cfg.model.path)
     if cfg.model.path.startswith("builtin:") and cfg.model.path != "builtin:tiny":
         from rlvr.data import builtin_corpus
-        from rlvr.data.shaped_models import build_shaped_model_dir
+        from rlvr.models.shaped import build_shaped_model_dir
 
         tasks = [d.split(":", 1)[1] for d in cfg.data.datasets if d.startswith("builtin:")] or ["copy"]
         corpus = [line for t in dict.fromkeys(tasks) for line in builtin_corpus(t)]
@@ -84,7 +84,7 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
         if path.exists() and not os.access(path / "config.json", os.R_OK):
             raise ValueError(f"--model.path {cfg.model.path}: config.json is not readable")
         return cfg.model.path
-    from rlvr.data import build_tiny_model_dir
+    from rlvr.models.tiny import build_tiny_model_dir
 
     corpus = tiny_model_corpus(cfg)  # the same text check_compatible derives the vocabulary size from
     if not corpus:
@@ -125,7 +125,7 @@ def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tup
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS")
     head = None
     if not address:
-        from rlvr.orchestration.local_cluster import LocalRayHead
+        from rlvr.launch.local_cluster import LocalRayHead
 
         need = (cfg.cluster.num_learners + cfg.cluster.num_engines) * cfg.cluster.cpus_per_actor
         head = LocalRayHead(num_cpus=max(os.cpu_count() or 1, int(need) + 1), include_dashboard=False,
@@ -419,7 +419,7 @@ def train(cfg: ExperimentConfig, signals: StopSignals | None = None) -> int:
         with StopSignals() as own:
             return train(cfg, own)
     if not (cfg.cluster.address or os.environ.get("RAY_ADDRESS")):
-        from rlvr.orchestration.local_cluster import token_auth_env
+        from rlvr.launch.local_cluster import token_auth_env
 
         # rlvr starts the head: it and this process's client must agree on token authentication, and Ray's
         # client reads the mode when it is first imported, so it is set before anything imports ray

@@ -174,14 +174,14 @@ def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:
                  "intermediate_size": 4 * m.tiny_hidden_size}
         corpus = tiny_model_corpus(cfg)
         if corpus:  # the vocabulary is what the tokenizer learns from the corpus (about a second to train)
-            from rlvr.data.tiny_model import build_tokenizer
+            from rlvr.models.tiny import build_tokenizer
 
             shape["vocab_size"] = len(build_tokenizer(corpus, m.tiny_vocab_size))
         return shape
     if is_pretrained(m.path):
         path = model_dir(m.path.split(":", 1)[1])
     elif m.path.startswith("builtin:"):
-        from rlvr.data.shaped_models import SHAPES
+        from rlvr.models.shaped import SHAPES
 
         return dict(SHAPES.get(m.path.split(":", 1)[1], {}))
     else:

@@ -189,7 +189,7 @@ def _report_failures(args: RewardArgs, rows: list[dict[str, Any]], results: list
 
 
 def main() -> None:
-    from rlvr.cli_flags import parse
+    from rlvr.cli.flags import parse
 
     sys.exit(run_reward(parse(RewardArgs, sys.argv[1:], "python -m rlvr.rewards.cli", help_description())))
 

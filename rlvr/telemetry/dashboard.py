@@ -280,7 +280,7 @@ class DashboardArgs:
 
 def main(argv: list[str]) -> int:
     """`rlvr dashboard` entry point."""
-    from rlvr.cli_flags import parse
+    from rlvr.cli.flags import parse
 
     args = parse(DashboardArgs, argv, "rlvr dashboard", DashboardArgs.__doc__)
     if not args.run_dirs:

@@ -20,7 +20,7 @@ from rlvr.algorithms.correction import CorrectionConfig, importance_weights
 from rlvr.algorithms.entropy import entropy_from_logits
 from rlvr.algorithms.losses import LossConfig, policy_loss
 from rlvr.algorithms.packing import PackInput, build_packed_batches
-from rlvr.orchestration.local_cluster import free_port
+from rlvr.launch.local_cluster import free_port
 from rlvr.types import PackedBatch
 
 VOCAB, PACK_LENGTH = 11, 24

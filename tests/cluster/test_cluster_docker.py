@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from rlvr.orchestration.specs import DEFAULT_IMAGE, IMAGE_WORKDIR, RAY_VERSION
+from rlvr.launch.specs import DEFAULT_IMAGE, IMAGE_WORKDIR, RAY_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"

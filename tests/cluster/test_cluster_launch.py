@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import default_config, from_dict, read_yaml
-from rlvr.orchestration import launch
+from rlvr.launch import ray_job as launch
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--num-steps", "2", "--rollout.prompts-per-step", "4", "--generation.num-samples", "4",
@@ -83,7 +83,7 @@ def test_cluster_launch_runs_training_job(monkeypatch: pytest.MonkeyPatch, tmp_p
             started.append(self)
             return super().start()
 
-    monkeypatch.setattr("rlvr.orchestration.local_cluster.LocalRayHead", RecordingHead)
+    monkeypatch.setattr("rlvr.launch.local_cluster.LocalRayHead", RecordingHead)
     code = launch.main(["--num-cpus", "2", "--job-id", "rlvr-test-launch", "--logging.run-name", "launched",
                         *TINY])
     out = capsys.readouterr()
@@ -97,6 +97,6 @@ def test_cluster_launch_runs_training_job(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def launch_head_class() -> type:
-    from rlvr.orchestration.local_cluster import LocalRayHead
+    from rlvr.launch.local_cluster import LocalRayHead
 
     return LocalRayHead

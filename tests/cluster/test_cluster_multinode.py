@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlvr.orchestration.local_cluster import free_port
+from rlvr.launch.local_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ray_node_setup.sh"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rlvr.orchestration import local_cluster
-from rlvr.orchestration.local_cluster import RAY_CLI_MODULE, ray_command
+from rlvr.launch.local_cluster import RAY_CLI_MODULE, ray_command
+from rlvr.launch import local_cluster
 
 
 def test_ray_command_without_any_ray_script_runs_the_package_cli(tmp_path, monkeypatch) -> None:

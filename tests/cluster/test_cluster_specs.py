@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from rlvr.orchestration import submit
+from rlvr.launch import submit
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "golden" / "specs"
@@ -314,7 +314,7 @@ def test_cluster_sbatch_signal_pyxis_image_and_mounts(capsys: pytest.CaptureFixt
                                          ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
                                          ("ubuntu:24.04", "ubuntu:24.04"), ("rlvr/rlvr:1", "rlvr/rlvr:1")])
 def test_cluster_pyxis_image_form(image: str, pyxis: str) -> None:
-    from rlvr.orchestration.specs import pyxis_image
+    from rlvr.launch.specs import pyxis_image
 
     assert pyxis_image(image) == pyxis
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli import SUBCOMMANDS, main, parse_train_args
-from rlvr.cli_flags import bool_flags, normalize_bool_flags, parse, reward_function_spec
+from rlvr.cli.flags import bool_flags, normalize_bool_flags, parse, reward_function_spec
 from rlvr.config import ConfigError, ExperimentConfig, default_config
 from rlvr.config.presets import demo_flags
 from rlvr.eval.cli import EvalArgs
-from rlvr.orchestration.launch import LaunchArgs
-from rlvr.orchestration.submit import SubmitArgs
+from rlvr.launch.ray_job import LaunchArgs
+from rlvr.launch.submit import SubmitArgs
 from rlvr.rewards.cli import RewardArgs
 
 ROOT = Path(__file__).resolve().parents[2]

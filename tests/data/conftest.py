@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from rlvr.data import build_tokenizer, builtin_corpus
+from rlvr.data import builtin_corpus
+from rlvr.models.tiny import build_tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 

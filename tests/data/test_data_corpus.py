@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import default_config
-from rlvr.data import build_tokenizer
 from rlvr.data.corpus import tiny_corpus
+from rlvr.models.tiny import build_tokenizer
 
 ROWS = [{"prompt": "Wie viel ist 3 plus 4? Antworte mit der Zahl.", "ground_truth": "7", "verifier": "gsm8k"},
         {"messages": [{"role": "user", "content": "Qu'est-ce que 2×5 ? ½ réponse"}], "ground_truth": "10"},

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import ModelConfig
-from rlvr.data import EOS_TOKEN, build_tiny_model_dir, build_tokenizer, builtin_corpus
+from rlvr.data import builtin_corpus
+from rlvr.models.tiny import EOS_TOKEN, build_tiny_model_dir, build_tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

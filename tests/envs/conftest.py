@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from rlvr.data.tiny_model import build_tokenizer
 from rlvr.envs.episode import GeneratedTurn
 from rlvr.envs.turns import ObservationTokenizer, TurnTemplate
+from rlvr.models.tiny import build_tokenizer
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (

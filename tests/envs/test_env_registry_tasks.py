@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from rlvr.envs.base import Environment, Observation, StepResult, get_env, known_envs, make_env, register_env
+from rlvr.envs.base import Environment, Observation, StepResult
 from rlvr.envs.episode import run_episode
+from rlvr.envs.registration import register_env
+from rlvr.envs.registry import get_env, known_envs, make_env
 from rlvr.envs.tasks import lookup_rows
 from rlvr.envs.tool_env import ToolEnv
 from rlvr.envs.turns import ObservationTokenizer

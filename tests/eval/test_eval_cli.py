@@ -16,7 +16,8 @@ from rlvr.rewards import RewardScorer
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlvr.data import build_tiny_model_dir, builtin_corpus
+    from rlvr.data import builtin_corpus
+    from rlvr.models.tiny import build_tiny_model_dir
 
     return build_tiny_model_dir(default_config().model, builtin_corpus("copy"),
                                 tmp_path_factory.mktemp("m") / "tiny", seed=0)

@@ -22,7 +22,8 @@ def build_tiny_dir(path: str | Path, seed: int = 0) -> str:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from rlvr.data import build_tokenizer, builtin_corpus
+    from rlvr.data import builtin_corpus
+    from rlvr.models.tiny import build_tokenizer
 
     tok = build_tokenizer(builtin_corpus("copy"), 256)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,

@@ -12,7 +12,7 @@ import time
 import pytest
 from gpu_helpers import build_tiny_dir, copy_pairs, engine_proc, make_cfg, trainer_proc
 
-from rlvr.orchestration.local_cluster import free_port
+from rlvr.launch.local_cluster import free_port
 
 pytestmark = pytest.mark.gpu
 

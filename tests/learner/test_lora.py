@@ -15,9 +15,10 @@ import torch
 
 from rlvr.algorithms.packing import PackInput, build_packed_batches
 from rlvr.config import default_config, from_dict
-from rlvr.data import build_tiny_model_dir, builtin_corpus
+from rlvr.data import builtin_corpus
+from rlvr.launch.local_cluster import free_port
 from rlvr.learner.worker import LearnerWorker
-from rlvr.orchestration.local_cluster import free_port
+from rlvr.models.tiny import build_tiny_model_dir
 from rlvr.rollout import lora
 from rlvr.rollout.hf_engine import TransformersEngine
 from rlvr.weight_sync.gloo import GlooWeightGroup

@@ -13,8 +13,9 @@ import textwrap
 import pytest
 
 from rlvr.config import default_config, from_dict
-from rlvr.data import build_tiny_model_dir, builtin_corpus
-from rlvr.orchestration.local_cluster import free_port
+from rlvr.data import builtin_corpus
+from rlvr.launch.local_cluster import free_port
+from rlvr.models.tiny import build_tiny_model_dir
 
 OVERRIDES = {"learner": {"backend": "deepspeed", "zero_stage": 2, "lora_rank": 4, "lora_alpha": 8, "lr": 1e-2},
              "data": {"datasets": ["builtin:copy"]}}

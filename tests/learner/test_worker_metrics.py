@@ -12,8 +12,9 @@ import torch
 
 from rlvr.algorithms.packing import PackInput, build_packed_batches
 from rlvr.config import default_config, from_dict
-from rlvr.data import build_tiny_model_dir, builtin_corpus
+from rlvr.data import builtin_corpus
 from rlvr.learner.worker import LearnerWorker
+from rlvr.models.tiny import build_tiny_model_dir
 
 
 def _cfg():

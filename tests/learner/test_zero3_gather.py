@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from rlvr.config import default_config, from_dict
-from rlvr.data import build_tiny_model_dir, builtin_corpus
+from rlvr.data import builtin_corpus
+from rlvr.launch.local_cluster import free_port
 from rlvr.learner.backends import _gather_buckets
-from rlvr.orchestration.local_cluster import free_port
+from rlvr.models.tiny import build_tiny_model_dir
 
 OVERRIDES = {"learner": {"backend": "deepspeed", "zero_stage": 3, "zero3_gather_mb": 0.01},
              "data": {"datasets": ["builtin:copy"]}}

@@ -100,8 +100,9 @@ def test_checkpoint_of_plain_data_passes_the_scan(tmp_path):
 # ----------------------------------------------------------------------------------- the learner's own loads
 def test_torch_learner_loads_weights_only(tmp_path):
     """A real learner saves and loads (weights-only); the same load refuses a crafted optimizer or RNG file."""
-    from rlvr.data import build_tiny_model_dir, builtin_corpus
+    from rlvr.data import builtin_corpus
     from rlvr.learner.worker import LearnerWorker
+    from rlvr.models.tiny import build_tiny_model_dir
 
     cfg = from_dict({"data": {"datasets": ["builtin:copy"]}}, base=default_config())
     model_dir = build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", 0)
@@ -129,7 +130,8 @@ DEEPSPEED_SCRIPT = textwrap.dedent('''
     import sys, torch
     from pathlib import Path
     from rlvr.config import default_config, from_dict
-    from rlvr.data import build_tiny_model_dir, builtin_corpus
+    from rlvr.data import builtin_corpus
+    from rlvr.models.tiny import build_tiny_model_dir
     from rlvr.learner.worker import LearnerWorker
 
     out, port, stage, marker = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -164,7 +166,7 @@ def test_deepspeed_learner_loads_weights_only(tmp_path, stage):
     """DeepSpeed 0.19.8 reads its checkpoint files with torch.load(weights_only=False); rlvr swaps in the
     weights-only loader (plus DeepSpeed's three record classes): its own ZeRO-2/3 files load, a crafted one is
     refused and runs nothing."""
-    from rlvr.orchestration.local_cluster import free_port
+    from rlvr.launch.local_cluster import free_port
 
     marker = tmp_path / "marker"
     p = subprocess.run([sys.executable, "-c", DEEPSPEED_SCRIPT, str(tmp_path), str(free_port()), str(stage),
@@ -331,7 +333,7 @@ def test_train_refuses_a_checkpoint_of_another_model_shape_before_writing(tmp_pa
 def test_train_refuses_a_checkpoint_of_another_tiny_vocabulary_before_writing(tmp_path):
     """`builtin:tiny` with another --model.tiny-vocab-size has the same shape but another vocabulary: refused
     before anything starts (it used to pass and fail in load_state_dict after Ray started, exit 1)."""
-    from rlvr.data import build_tiny_model_dir
+    from rlvr.models.tiny import build_tiny_model_dir
     from rlvr.orchestration.run_dirs import check_compatible, tiny_model_corpus
 
     cfg = from_dict({"logging": {"run_name": "r"}}, base=default_config())

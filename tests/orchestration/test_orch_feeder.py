@@ -16,7 +16,8 @@ import ray
 from transformers import AutoTokenizer
 
 from rlvr.config import default_config, from_dict
-from rlvr.data import PromptStream, build_tiny_model_dir, builtin_corpus
+from rlvr.data import PromptStream, builtin_corpus
+from rlvr.models.tiny import build_tiny_model_dir
 from rlvr.orchestration.accounting import PromptLedger
 from rlvr.orchestration.actors import EngineActor
 from rlvr.orchestration.health import EngineFailure

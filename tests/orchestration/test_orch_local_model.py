@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlvr.config import ModelConfig
-from rlvr.data import build_tiny_model_dir, builtin_corpus, builtin_rows
+from rlvr.data import builtin_corpus, builtin_rows
+from rlvr.models.tiny import build_tiny_model_dir
 
 
 @pytest.mark.slow

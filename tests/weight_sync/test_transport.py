@@ -17,10 +17,10 @@ import pytest
 import ray
 import torch
 
+from rlvr.launch.local_cluster import free_port
 from rlvr.orchestration import actors as actors_module
 from rlvr.orchestration import weight_updates
 from rlvr.orchestration.health import EngineFailure
-from rlvr.orchestration.local_cluster import free_port
 from rlvr.rollout.lora import read_adapter_dir, write_adapter_dir
 from rlvr.weight_sync import transport
 from rlvr.weight_sync.nccl import weight_metadata

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from rlvr.cli.train_args import TrainCommand, parse_train_args, train_description
 from rlvr.config import ConfigError, to_yaml
-from rlvr.train_args import TrainCommand, parse_train_args, train_description
 
 __all__ = ["HANDLERS", "SUBCOMMANDS", "TrainCommand", "main", "parse_train_args", "train_description"]
 
@@ -57,7 +57,7 @@ def _train(argv: list[str]) -> int:
 
 
 def _reward(argv: list[str]) -> int:
-    from rlvr.cli_flags import parse
+    from rlvr.cli.flags import parse
     from rlvr.rewards.cli import RewardArgs, help_description, run_reward
 
     args = parse(RewardArgs, argv, "rlvr reward", help_description())
@@ -80,8 +80,8 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "reward": _reward,
     "eval": _lazy("rlvr.eval.cli"),
-    "launch": _lazy("rlvr.orchestration.launch"),
-    "submit": _lazy("rlvr.orchestration.submit"),
+    "launch": _lazy("rlvr.launch.ray_job"),
+    "submit": _lazy("rlvr.launch.submit"),
     "dashboard": _lazy("rlvr.telemetry.dashboard"),
     "export": _lazy("rlvr.learner.export"),
     "models": _lazy("rlvr.models.pretrained"),

@@ -27,7 +27,7 @@ from typing import Annotated
 
 import tyro
 
-from rlvr.cli_flags import parse
+from rlvr.cli.flags import parse
 from rlvr.config import ConfigError, ExperimentConfig, check_resources, to_yaml
 
 JOB_EXIT_STOPPED = 130
@@ -154,8 +154,8 @@ def _default_job_id(cfg: ExperimentConfig) -> str:
 
 def main(argv: list[str]) -> int:
     """`rlvr launch [launch flags] [rlvr train flags]`; returns the training job's exit status."""
-    from rlvr.orchestration.local_cluster import token_auth_env
-    from rlvr.train_args import parse_train_args
+    from rlvr.cli.train_args import parse_train_args
+    from rlvr.launch.local_cluster import token_auth_env
 
     # Before Ray is imported (it reads the mode once): join with the auth mode a head here would use.
     os.environ.update(token_auth_env())
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
     address = args.address or cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
     head = None
     if address is None:
-        from rlvr.orchestration.local_cluster import LocalRayHead
+        from rlvr.launch.local_cluster import LocalRayHead
 
         head = LocalRayHead(num_cpus=args.num_cpus, num_gpus=args.num_gpus, temp_dir=args.temp_dir).start()
         address = head.address

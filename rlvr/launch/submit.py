@@ -3,7 +3,7 @@
 Node count and GPUs per node default to the config's `cluster` section. `--dry-run` prints the spec and
 submits nothing. Otherwise the spec is written to `--output` (default: a fresh temporary file) and handed
 to `beaker experiment create`, `kubectl apply -f` or `sbatch`; when that CLI is not on PATH the command
-exits 2 naming it. Spec generation itself lives in `rlvr.orchestration.specs`.
+exits 2 naming it. Spec generation itself lives in `rlvr.launch.specs`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rlvr.cli_flags import parse
+from rlvr.cli.flags import parse
 from rlvr.config import ConfigError, ExperimentConfig, default_config, from_dict, read_yaml
-from rlvr.orchestration.specs import DEFAULT_IMAGE, JobRequest, Mount, container_path, covered, parse_mount, render
+from rlvr.launch.specs import DEFAULT_IMAGE, JobRequest, Mount, container_path, covered, parse_mount, render
 
 _RESULTS = Mount("host", "/results", "/results")  # Beaker keeps the result directory as a dataset
 SUBMIT_CLI = {"beaker": "beaker", "k8s": "kubectl", "slurm": "sbatch"}

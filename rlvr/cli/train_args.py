@@ -1,6 +1,6 @@
 """`rlvr train`'s arguments: the command dataclass and the parser that layers preset, flags and validation.
 
-Its own module so that `rlvr.cli` (the dispatcher) and `rlvr.orchestration.launch` (which takes the same train
+Its own module so that `rlvr.cli` (the dispatcher) and `rlvr.launch.ray_job` (which takes the same train
 flags) both import it, and neither imports the other.
 """
 
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import tyro
 
-from rlvr.cli_flags import parse, reward_function_spec
+from rlvr.cli.flags import parse, reward_function_spec
 from rlvr.config import ConfigError, ExperimentConfig, default_config, from_dict, read_yaml, validate
 from rlvr.config.presets import DEMO_PRESET, demo_flags
 
