@@ -62,9 +62,18 @@ def _time_loss(tensors: dict[str, torch.Tensor], config: LossConfig, n_tok: int,
         lp = tensors["lp"].clone().requires_grad_(True)
         start = time.perf_counter()
         weights, _ = importance_weights(lp.detach(), tensors["gen"], tensors["mask"], sample_ids=tensors["ids"])
-        loss, _ = policy_loss(lp, tensors["old"], tensors["adv"], tensors["mask"], config, global_num_loss_tokens=n_tok,
-                              global_num_samples=n_seq, sample_ids=tensors["ids"], ref_logprobs=tensors["ref"],
-                              is_weights=weights)
+        loss, _ = policy_loss(
+            lp,
+            tensors["old"],
+            tensors["adv"],
+            tensors["mask"],
+            config,
+            global_num_loss_tokens=n_tok,
+            global_num_samples=n_seq,
+            sample_ids=tensors["ids"],
+            ref_logprobs=tensors["ref"],
+            is_weights=weights,
+        )
         loss.backward()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
@@ -74,7 +83,15 @@ def _random_tensors(ids: torch.Tensor, mask: torch.Tensor, adv: torch.Tensor) ->
     g = torch.Generator().manual_seed(0)
     lp = -torch.rand(ids.shape, generator=g) * 3
     noise = lambda: torch.randn(ids.shape, generator=g) * 0.1  # noqa: E731
-    return {"lp": lp, "old": lp + noise(), "gen": lp + noise(), "ref": lp + noise(), "mask": mask, "adv": adv, "ids": ids}
+    return {
+        "lp": lp,
+        "old": lp + noise(),
+        "gen": lp + noise(),
+        "ref": lp + noise(),
+        "mask": mask,
+        "adv": adv,
+        "ids": ids,
+    }
 
 
 def bench_loss() -> dict[str, float]:
@@ -91,9 +108,15 @@ def bench_loss() -> dict[str, float]:
         padded_mask[item.sample_id, len(item.prompt_token_ids) : item.num_tokens] = True
         padded_adv[item.sample_id, len(item.prompt_token_ids) : item.num_tokens] = item.advantage
     padded = _random_tensors(padded_ids, padded_mask, padded_adv)
-    out: dict[str, float] = {"loss_num_samples": 64.0, "loss_real_tokens": float(sum(lengths)),
-                             "loss_packed_rows": float(mb.input_ids.shape[0])}
-    for name, config in (("dapo", LossConfig(loss="dapo", kl_beta=0.01)), ("grpo", LossConfig(loss="grpo", kl_beta=0.01))):
+    out: dict[str, float] = {
+        "loss_num_samples": 64.0,
+        "loss_real_tokens": float(sum(lengths)),
+        "loss_packed_rows": float(mb.input_ids.shape[0]),
+    }
+    for name, config in (
+        ("dapo", LossConfig(loss="dapo", kl_beta=0.01)),
+        ("grpo", LossConfig(loss="grpo", kl_beta=0.01)),
+    ):
         n_tok, n_seq = batch.global_num_loss_tokens, batch.global_num_samples
         out[f"loss_{name}_packed_s"] = _time_loss(packed, config, n_tok, n_seq)
         out[f"loss_{name}_padded_s"] = _time_loss(padded, config, n_tok, n_seq)

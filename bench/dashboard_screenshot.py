@@ -24,8 +24,13 @@ def screenshot(out: Path, run_dirs: list[str], width: int = 1400, height: int = 
     threading.Thread(target=server.serve_forever, daemon=True).start()
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    flags = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             f"--window-size={width},{height}")
+    flags = (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    )
     for flag in flags:
         opts.add_argument(flag)
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=opts)

@@ -36,11 +36,16 @@ def run_seed_inprocess(seed: int, output_dir: str, flags: list[str] | None = Non
     from rlvr.cli import parse_train_args
     from rlvr.config import from_dict, validate
 
-    cfg = validate(from_dict(base=parse_train_args(list(flags or [])).experiment, data={
-        "seed": seed,
-        "checkpoint": {"output_dir": output_dir, "save_final": False, "resume": "never"},
-        "logging": {"run_name": f"seed{seed}", "console_progress": False, "wandb_mode": "off"},
-    }))
+    cfg = validate(
+        from_dict(
+            base=parse_train_args(list(flags or [])).experiment,
+            data={
+                "seed": seed,
+                "checkpoint": {"output_dir": output_dir, "save_final": False, "resume": "never"},
+                "logging": {"run_name": f"seed{seed}", "console_progress": False, "wandb_mode": "off"},
+            },
+        )
+    )
     return train(cfg)
 
 
@@ -58,17 +63,25 @@ def read_curve(run_dir: Path) -> list[list[float]]:
 def run_seed(seed: int, output_dir: str | Path, flags: list[str] | None = None) -> dict[str, Any]:
     """One seed in a fresh subprocess: {"curve", "gain", "wall_s", "rc"}."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--one-seed", str(seed), "--output-dir", str(output_dir),
-                           "--", *(flags or [])],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--one-seed", str(seed), "--output-dir", str(output_dir), "--", *(flags or [])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"seed {seed}: rlvr train exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     curve = read_curve(Path(output_dir) / f"seed{seed}")
     if len(curve) < 2 or curve[0][0] != 0:
         raise RuntimeError(f"seed {seed}: eval.jsonl has no step-0 baseline and final eval: {curve}")
-    return {"curve": curve, "gain": round(curve[-1][1] - curve[0][1], 4), "pass@1": curve[-1][2],
-            "wall_s": round(wall, 1), "rc": proc.returncode}
+    return {
+        "curve": curve,
+        "gain": round(curve[-1][1] - curve[0][1], 4),
+        "pass@1": curve[-1][2],
+        "wall_s": round(wall, 1),
+        "rc": proc.returncode,
+    }
 
 
 def main() -> None:
@@ -77,26 +90,30 @@ def main() -> None:
     ap.add_argument("--output-dir", default=None, help="parent of the run directories (default: a temp dir)")
     ap.add_argument("--one-seed", type=int, default=None, help=argparse.SUPPRESS)  # the per-seed subprocess
     argv = sys.argv[1:]
-    flags = argv[argv.index("--") + 1:] if "--" in argv else []
-    args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    flags = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.one_seed is not None:
         sys.exit(run_seed_inprocess(args.one_seed, args.output_dir, flags))
     out = args.output_dir or tempfile.mkdtemp(prefix="rlvr-demo-learning-")
     results = {s: run_seed(s, out, flags) for s in args.seeds}
     gains = {str(s): r["gain"] for s, r in results.items()}
     walls = {str(s): r["wall_s"] for s, r in results.items()}
-    print(json.dumps({
-        "seeds": args.seeds,
-        "flags": flags,
-        "curves": {str(s): r["curve"] for s, r in results.items()},
-        "gains": gains,
-        "mean_gain": round(sum(gains.values()) / len(gains), 4),
-        "pass@1": {str(s): r["pass@1"] for s, r in results.items()},
-        "min_pass@1": min(r["pass@1"] for r in results.values()),
-        "wall_s": walls,
-        "max_wall_s": max(walls.values()),
-        "output_dir": out,
-    }))
+    print(
+        json.dumps(
+            {
+                "seeds": args.seeds,
+                "flags": flags,
+                "curves": {str(s): r["curve"] for s, r in results.items()},
+                "gains": gains,
+                "mean_gain": round(sum(gains.values()) / len(gains), 4),
+                "pass@1": {str(s): r["pass@1"] for s, r in results.items()},
+                "min_pass@1": min(r["pass@1"] for r in results.values()),
+                "wall_s": walls,
+                "max_wall_s": max(walls.values()),
+                "output_dir": out,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,14 +25,41 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["--eval.every-n-steps", "0", "--eval.at-step-0", "False", "--logging.console-progress", "False",
-        "--rollout.prompts-per-step", "4", "--generation.num-samples", "4", "--learner.lr", "1e-3",
-        "--checkpoint.every-n-steps", "2", "--checkpoint.keep-last", "5"]
+FAST = [
+    "--eval.every-n-steps",
+    "0",
+    "--eval.at-step-0",
+    "False",
+    "--logging.console-progress",
+    "False",
+    "--rollout.prompts-per-step",
+    "4",
+    "--generation.num-samples",
+    "4",
+    "--learner.lr",
+    "1e-3",
+    "--checkpoint.every-n-steps",
+    "2",
+    "--checkpoint.keep-last",
+    "5",
+]
 
 
 def train_cmd(out: Path, name: str, steps: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(out), "--logging.run-name",
-            name, "--num-steps", str(steps), *FAST, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(out),
+        "--logging.run-name",
+        name,
+        "--num-steps",
+        str(steps),
+        *FAST,
+        *extra,
+    ]
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -40,11 +67,19 @@ def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
 
-def signal_when(cmd: list[str], ready: Callable[[], bool], sig: int, env: dict[str, str] | None = None,
-                timeout: float = 600) -> tuple[int, str]:
+def signal_when(
+    cmd: list[str], ready: Callable[[], bool], sig: int, env: dict[str, str] | None = None, timeout: float = 600
+) -> tuple[int, str]:
     """Start a driver, send `sig` to it when `ready()` turns true, return (exit status, stderr)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     deadline = time.time() + timeout
     while not ready():
         if proc.poll() is not None:
@@ -95,14 +130,21 @@ def why(run_dir: Path, *procs: subprocess.CompletedProcess | tuple[int, str]) ->
         code, err = (p.returncode, p.stderr) if isinstance(p, subprocess.CompletedProcess) else p
         codes.append(code)
         if "Traceback" in err:
-            tracebacks.append(err[err.rindex("Traceback"):][:2500])
+            tracebacks.append(err[err.rindex("Traceback") :][:2500])
     events = run_dir / "events.log"
-    noted = [ln[:400] for ln in events.read_text().splitlines() if " E [" in ln or " W [" in ln] if events.exists() else []
-    restarts = ([m.get("health/engine_restarts") for m in metrics(run_dir)]
-                if (run_dir / "metrics.jsonl").exists() else None)
-    return {"exit_codes": codes, "events": noted[-20:], "engine_restarts": restarts, "tracebacks": tracebacks,
-            "stderr_tail": [p.stderr[-600:] if isinstance(p, subprocess.CompletedProcess) else p[1][-600:]
-                            for p in procs]}
+    noted = (
+        [ln[:400] for ln in events.read_text().splitlines() if " E [" in ln or " W [" in ln] if events.exists() else []
+    )
+    restarts = (
+        [m.get("health/engine_restarts") for m in metrics(run_dir)] if (run_dir / "metrics.jsonl").exists() else None
+    )
+    return {
+        "exit_codes": codes,
+        "events": noted[-20:],
+        "engine_restarts": restarts,
+        "tracebacks": tracebacks,
+        "stderr_tail": [p.stderr[-600:] if isinstance(p, subprocess.CompletedProcess) else p[1][-600:] for p in procs],
+    }
 
 
 # ----------------------------------------------------------------------------------------------- scenarios
@@ -111,8 +153,10 @@ def kill_engine(out: Path, at: str = "collect") -> dict[str, Any]:
     before step 3's weight sync (`at="sync"`: found dead by the sync): replaced, re-synced, its prompts
     re-queued; the run finishes with one engine restart."""
     name = "kill_engine" if at == "collect" else "kill_engine_sync"
-    p = run(train_cmd(out, name, 5, "--rollout.async-steps", "1", "--cluster.num-engines", "2"),
-            env={"RLVR_INJECT_FAULTS": f"{name}@3"})
+    p = run(
+        train_cmd(out, name, 5, "--rollout.async-steps", "1", "--cluster.num-engines", "2"),
+        env={"RLVR_INJECT_FAULTS": f"{name}@3"},
+    )
     rd = out / name
     ok = p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 1
     return {"survived": ok, "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, p)})}
@@ -123,26 +167,50 @@ def kill_engine_eval(out: Path) -> dict[str, Any]:
     step (blocking) generate: the first is dropped with a warning, the last runs again on the replacement; the
     run ends with 2 restarts, evals of steps 4 and 5, and no prompt lost."""
     name = "kill_engine_eval"
-    p = run(train_cmd(out, name, 5, "--rollout.async-steps", "1", "--cluster.num-engines", "2",
-                      "--eval.every-n-steps", "2", "--eval.overlap", "True", "--eval.max-prompts", "4"),
-            env={"RLVR_INJECT_FAULTS": f"{name}@2,{name}@5"})
+    p = run(
+        train_cmd(
+            out,
+            name,
+            5,
+            "--rollout.async-steps",
+            "1",
+            "--cluster.num-engines",
+            "2",
+            "--eval.every-n-steps",
+            "2",
+            "--eval.overlap",
+            "True",
+            "--eval.max-prompts",
+            "4",
+        ),
+        env={"RLVR_INJECT_FAULTS": f"{name}@2,{name}@5"},
+    )
     rd = out / name
-    records = ([json.loads(line) for line in (rd / "eval.jsonl").read_text().splitlines() if line.strip()]
-               if (rd / "eval.jsonl").exists() else [])
+    records = (
+        [json.loads(line) for line in (rd / "eval.jsonl").read_text().splitlines() if line.strip()]
+        if (rd / "eval.jsonl").exists()
+        else []
+    )
     evals = [r["step"] for r in records]
     # the retried eval of step 5 counts each (prompt, sample) once, like the undisturbed eval of step 4
     sizes = sorted({(r["eval/num_prompts"], r["eval/num_samples"]) for r in records})
-    ok = (p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 2 and evals == [4, 5]
-          and len(sizes) == 1)
-    return {"survived": ok, "evals": evals, "eval_sizes": sizes, "data_lost": data_lost(rd) if ok else None,
-            **({} if ok else {"why": why(rd, p)})}
+    ok = p.returncode == 0 and metrics(rd)[-1]["health/engine_restarts"] == 2 and evals == [4, 5] and len(sizes) == 1
+    return {
+        "survived": ok,
+        "evals": evals,
+        "eval_sizes": sizes,
+        "data_lost": data_lost(rd) if ok else None,
+        **({} if ok else {"why": why(rd, p)}),
+    }
 
 
 def kill_learner(out: Path, async_steps: int = 1) -> dict[str, Any]:
     """Learner rank 0 is killed during step 5: the run restarts from checkpoint step_4 and finishes."""
     name = f"kill_learner_async{async_steps}"
-    p = run(train_cmd(out, name, 6, "--rollout.async-steps", str(async_steps), "--cluster.num-engines", "1"),
-            env={"RLVR_INJECT_FAULTS": "kill_learner@5"})
+    p = run(
+        train_cmd(out, name, 6, "--rollout.async-steps", str(async_steps), "--cluster.num-engines", "1"),
+        env={"RLVR_INJECT_FAULTS": "kill_learner@5"},
+    )
     rd = out / name
     events = (rd / "events.log").read_text() if (rd / "events.log").exists() else ""
     ok = p.returncode == 0 and "restarting the run from its last complete checkpoint" in events
@@ -172,19 +240,27 @@ def sigterm(out: Path, during: str = "generation") -> dict[str, Any]:
     rd = out / name
     cmd = train_cmd(out, name, 5, "--rollout.async-steps", "1")
     if during == "generation":
+
         def ready() -> bool:
             return (rd / "metrics.jsonl").exists() and any(m["step"] == 2 for m in metrics(rd))
+
         code, err = signal_when(cmd, ready, signal.SIGTERM)
     else:
+
         def ready() -> bool:
             return (rd / "checkpoints" / ".tmp_step_2").exists()
+
         code, err = signal_when(cmd, ready, signal.SIGTERM, env={"RLVR_INJECT_FAULTS": "slow_checkpoint@2"})
     first_ok = code == 75 and "preempted, resumable" in err
     p = run(cmd)
     steps = [m["step"] for m in metrics(rd) if "loss/total" in m]
     ok = first_ok and p.returncode == 0 and steps == [1, 2, 3, 4, 5]
-    return {"survived": ok, "exit_on_signal": code, "data_lost": data_lost(rd) if ok else None,
-            **({} if ok else {"why": why(rd, (code, err), p)})}
+    return {
+        "survived": ok,
+        "exit_on_signal": code,
+        "data_lost": data_lost(rd) if ok else None,
+        **({} if ok else {"why": why(rd, (code, err), p)}),
+    }
 
 
 def hostile_verifiers(out: Path) -> dict[str, Any]:
@@ -193,19 +269,31 @@ def hostile_verifiers(out: Path) -> dict[str, Any]:
 
     preset = out / "hostile.yaml"
     base = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())  # the demo, plus hostile rewards
-    base["rewards"].update({"custom": ["fault_rewards"], "timeout_s": 1.0, "functions": [
-        {"name": "hang_sometimes", "weight": 0.0}, {"name": "segfault_sometimes", "weight": 0.0}]})
+    base["rewards"].update(
+        {
+            "custom": ["fault_rewards"],
+            "timeout_s": 1.0,
+            "functions": [{"name": "hang_sometimes", "weight": 0.0}, {"name": "segfault_sometimes", "weight": 0.0}],
+        }
+    )
     preset.write_text(yaml.safe_dump(base))
-    env = {"PYTHONPATH": f"{ROOT / 'tests' / 'orchestration'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "RAY_ADDRESS": ""}  # own Ray cluster: its workers inherit PYTHONPATH
+    env = {
+        "PYTHONPATH": f"{ROOT / 'tests' / 'orchestration'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "RAY_ADDRESS": "",
+    }  # own Ray cluster: its workers inherit PYTHONPATH
     p = run(train_cmd(out, "hostile", 3, "--config", str(preset)) + FAST, env=env)
     rd = out / "hostile"
     m = metrics(rd) if (rd / "metrics.jsonl").exists() else []
     timeouts = sum(x.get("reward/pool/timeouts", 0) for x in m)
     crashes = sum(x.get("reward/pool/crashes", 0) for x in m)
     ok = p.returncode == 0 and timeouts > 0 and crashes > 0
-    return {"survived": ok, "timeouts": timeouts, "crashes": crashes,
-            "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, p)})}
+    return {
+        "survived": ok,
+        "timeouts": timeouts,
+        "crashes": crashes,
+        "data_lost": data_lost(rd) if ok else None,
+        **({} if ok else {"why": why(rd, p)}),
+    }
 
 
 def corrupt_checkpoint(out: Path) -> dict[str, Any]:
@@ -218,10 +306,14 @@ def corrupt_checkpoint(out: Path) -> dict[str, Any]:
     weights.write_bytes(bytes(data))
     p = run(train_cmd(out, "corrupt", 6))
     events = (rd / "events.log").read_text()
-    ok = (first.returncode == 0 and p.returncode == 0 and "skipping checkpoint" in events
-          and "resumed from" in events and "step_2" in events.split("resumed from")[-1].splitlines()[0])
-    return {"survived": ok, "data_lost": data_lost(rd) if ok else None,
-            **({} if ok else {"why": why(rd, first, p)})}
+    ok = (
+        first.returncode == 0
+        and p.returncode == 0
+        and "skipping checkpoint" in events
+        and "resumed from" in events
+        and "step_2" in events.split("resumed from")[-1].splitlines()[0]
+    )
+    return {"survived": ok, "data_lost": data_lost(rd) if ok else None, **({} if ok else {"why": why(rd, first, p)})}
 
 
 # ------------------------------------------------------------------------------------ attacks on the inputs
@@ -252,8 +344,10 @@ def _plant(ckpt: Path, target: str, marker: Path) -> None:
     elif target == "optimizer":
         torch.save({"optimizer": _Payload(marker), "scheduler": {}}, state / "optimizer.pt")
     elif target == "rng":
-        torch.save({"torch": torch.get_rng_state(), "python": _Payload(marker), "version": 1, "skipped": 0},
-                   state / "rng_rank0.pt")
+        torch.save(
+            {"torch": torch.get_rng_state(), "python": _Payload(marker), "version": 1, "skipped": 0},
+            state / "rng_rank0.pt",
+        )
     elif target == "driver_json_as_pickle":
         (state / "driver.json").write_bytes(__import__("pickle").dumps(_Payload(marker)))
     else:
@@ -279,16 +373,32 @@ def malicious_checkpoint(out: Path) -> dict[str, Any]:
         _plant(rd / "checkpoints" / "step_2", target, marker)
         before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in rd.rglob("*") if p.is_file()}
         p = run(train_cmd(out, name, 4))
-        after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in rd.rglob("*")
-                 if p.is_file() and p.name != "events.log"}
-        changed = sorted(str(k.relative_to(rd)) for k in set(before) | set(after)
-                         if k.name != "events.log" and before.get(k) != after.get(k))
-        contained = (p.returncode == 2 and "refused" in p.stderr and not marker.exists() and not changed)
-        results[target] = {"contained": contained, "exit": p.returncode, "ran_code": marker.exists(),
-                           "changed": changed[:5], "message": p.stderr.strip().splitlines()[-1][:300] if p.stderr.strip() else ""}
+        after = {
+            p: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in rd.rglob("*")
+            if p.is_file() and p.name != "events.log"
+        }
+        changed = sorted(
+            str(k.relative_to(rd))
+            for k in set(before) | set(after)
+            if k.name != "events.log" and before.get(k) != after.get(k)
+        )
+        contained = p.returncode == 2 and "refused" in p.stderr and not marker.exists() and not changed
+        results[target] = {
+            "contained": contained,
+            "exit": p.returncode,
+            "ran_code": marker.exists(),
+            "changed": changed[:5],
+            "message": p.stderr.strip().splitlines()[-1][:300] if p.stderr.strip() else "",
+        }
     contained = sum(r["contained"] for r in results.values())
-    return {"survived": contained == len(results), "attacks": len(results), "contained": contained,
-            "data_lost": 0, "targets": results}
+    return {
+        "survived": contained == len(results),
+        "attacks": len(results),
+        "contained": contained,
+        "data_lost": 0,
+        "targets": results,
+    }
 
 
 def all_checkpoints_corrupt(out: Path) -> dict[str, Any]:
@@ -306,11 +416,23 @@ def all_checkpoints_corrupt(out: Path) -> dict[str, Any]:
     metrics_before = (rd / "metrics.jsonl").read_bytes()
     ckpts_before = sorted(p.name for p in (rd / "checkpoints").iterdir())
     p = run(train_cmd(out, "all_corrupt", 6))
-    ok = (p.returncode == 2 and "none is usable" in p.stderr and "step_2" in p.stderr and "step_4" in p.stderr
-          and "--checkpoint.resume never" in p.stderr and (rd / "metrics.jsonl").read_bytes() == metrics_before
-          and sorted(q.name for q in (rd / "checkpoints").iterdir()) == ckpts_before)
-    return {"survived": ok, "attacks": 1, "contained": int(ok), "exit": p.returncode,
-            "data_lost": 0 if ok else None, **({} if ok else {"why": why(rd, p)})}
+    ok = (
+        p.returncode == 2
+        and "none is usable" in p.stderr
+        and "step_2" in p.stderr
+        and "step_4" in p.stderr
+        and "--checkpoint.resume never" in p.stderr
+        and (rd / "metrics.jsonl").read_bytes() == metrics_before
+        and sorted(q.name for q in (rd / "checkpoints").iterdir()) == ckpts_before
+    )
+    return {
+        "survived": ok,
+        "attacks": 1,
+        "contained": int(ok),
+        "exit": p.returncode,
+        "data_lost": 0 if ok else None,
+        **({} if ok else {"why": why(rd, p)}),
+    }
 
 
 def huge_row(out: Path, megabytes: int = 40) -> dict[str, Any]:
@@ -326,18 +448,51 @@ def huge_row(out: Path, megabytes: int = 40) -> dict[str, Any]:
     p = run(train_cmd(out, "huge_row", 2, "--data.datasets", "builtin:copy", str(data)))
     ok = p.returncode == 2 and "huge_row.jsonl:3" in p.stderr and "MiB" in p.stderr and not (out / "huge_row").exists()
     data.unlink()
-    return {"survived": ok, "attacks": 1, "contained": int(ok), "exit": p.returncode, "data_lost": 0 if ok else None,
-            "message": [ln for ln in p.stderr.splitlines() if "huge_row.jsonl" in ln][:1]}
+    return {
+        "survived": ok,
+        "attacks": 1,
+        "contained": int(ok),
+        "exit": p.returncode,
+        "data_lost": 0 if ok else None,
+        "message": [ln for ln in p.stderr.splitlines() if "huge_row.jsonl" in ln][:1],
+    }
 
 
 # ---------------------------------------------------------------------------------- signals at random moments
 def _stress_cmd(out: Path, steps: int) -> list[str]:
     """One command for every launch, no run name: each launch must find and continue the unfinished run."""
-    return [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(out), "--num-steps", str(steps),
-            "--logging.console-progress", "False", "--rollout.prompts-per-step", "8", "--generation.num-samples", "4",
-            "--learner.lr", "1e-3", "--checkpoint.every-n-steps", "5", "--checkpoint.keep-last", "3",
-            "--eval.every-n-steps", "5", "--eval.at-step-0", "True", "--eval.overlap", "False",
-            "--eval.max-prompts", "32", "--rollout.async-steps", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(out),
+        "--num-steps",
+        str(steps),
+        "--logging.console-progress",
+        "False",
+        "--rollout.prompts-per-step",
+        "8",
+        "--generation.num-samples",
+        "4",
+        "--learner.lr",
+        "1e-3",
+        "--checkpoint.every-n-steps",
+        "5",
+        "--checkpoint.keep-last",
+        "3",
+        "--eval.every-n-steps",
+        "5",
+        "--eval.at-step-0",
+        "True",
+        "--eval.overlap",
+        "False",
+        "--eval.max-prompts",
+        "32",
+        "--rollout.async-steps",
+        "1",
+    ]
 
 
 def _new_text(path: Path, offset: int) -> str:
@@ -384,8 +539,9 @@ def _moment(name: str, out: Path, rng: random.Random) -> Callable[[], bool]:
     raise ValueError(name)
 
 
-def _launch_and_signal(cmd: list[str], ready: Callable[[], bool], sig: int, env: dict[str, str], log: Path,
-                       timeout: float = 600) -> int:
+def _launch_and_signal(
+    cmd: list[str], ready: Callable[[], bool], sig: int, env: dict[str, str], log: Path, timeout: float = 600
+) -> int:
     """Start a driver in its own process group, send `sig` to the WHOLE group (as Ctrl-C or Slurm do) when ready()
     turns true; its exit status. A driver that finishes first returns its status unsignalled."""
     with open(log, "w") as err:
@@ -401,8 +557,9 @@ def _launch_and_signal(cmd: list[str], ready: Callable[[], bool], sig: int, env:
         return proc.wait(timeout=timeout)
 
 
-def signal_stress(out: Path, moments: list[str] | None = None, num_signals: int = 20, steps: int = 100,
-                  seed: int = 0) -> dict[str, Any]:
+def signal_stress(
+    out: Path, moments: list[str] | None = None, num_signals: int = 20, steps: int = 100, seed: int = 0
+) -> dict[str, Any]:
     """SIGTERM or SIGINT to the whole process group of `rlvr train` at chosen or random moments (start-up, eval,
     training, checkpoint write), relaunching the same command (no run name) after each: every signal ends in
     exit 75, every relaunch continues the same run, and a last launch finishes it with every step trained once
@@ -430,14 +587,26 @@ def signal_stress(out: Path, moments: list[str] | None = None, num_signals: int 
     rd = runs[0] if runs else out
     steps_trained = [m["step"] for m in metrics(rd) if "loss/total" in m] if (rd / "metrics.jsonl").exists() else []
     state = json.loads((rd / "run.json").read_text()) if (rd / "run.json").exists() else {}
-    ok = (all(c == 75 for c in codes) and last.returncode == 0 and len(runs) == 1
-          and steps_trained == list(range(1, steps + 1)) and state.get("status") == "finished")
+    ok = (
+        all(c == 75 for c in codes)
+        and last.returncode == 0
+        and len(runs) == 1
+        and steps_trained == list(range(1, steps + 1))
+        and state.get("status") == "finished"
+    )
     errors = {}
     if not ok:
         errors = {f"launch{i}": (out / f"launch{i}.err").read_text()[-1500:] for i, c in enumerate(codes) if c != 75}
-    return {"survived": ok, "signals": len(codes), "exit_codes": codes, "moments": signals,
-            "final_exit": last.returncode, "run_dirs": len(runs), "data_lost": data_lost(rd) if ok else None,
-            **({} if ok else {"why": {**errors, **why(rd, last)}})}
+    return {
+        "survived": ok,
+        "signals": len(codes),
+        "exit_codes": codes,
+        "moments": signals,
+        "final_exit": last.returncode,
+        "run_dirs": len(runs),
+        "data_lost": data_lost(rd) if ok else None,
+        **({} if ok else {"why": {**errors, **why(rd, last)}}),
+    }
 
 
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
@@ -468,20 +637,32 @@ def main() -> None:
         for name in args.only:
             t = time.time()
             fn = SCENARIOS[name]
-            results[name] = signal_stress(Path(tmp), num_signals=args.signals) if name == "signal_stress" else fn(Path(tmp))
+            results[name] = (
+                signal_stress(Path(tmp), num_signals=args.signals) if name == "signal_stress" else fn(Path(tmp))
+            )
             results[name]["wall_s"] = round(time.time() - t, 1)
     lost = sum(r["data_lost"] or 0 for r in results.values())
     attacks = {k: r for k, r in results.items() if "attacks" in r}
     faults = {k: r for k, r in results.items() if "attacks" not in r}
     stress = results.get("signal_stress", {})
-    print(json.dumps({"bench": "faults", "scenarios_run": len(results), "scenarios_total": len(SCENARIOS),
-                      "faults_injected": len(faults),
-                      "survived": sum(bool(r["survived"]) for r in faults.values()),
-                      "signals_sent": stress.get("signals", 0),
-                      "signals_exit_75": sum(c == 75 for c in stress.get("exit_codes", [])),
-                      "attacks_tried": sum(r["attacks"] for r in attacks.values()),
-                      "attacks_contained": sum(r["contained"] for r in attacks.values()), "data_lost": lost,
-                      "scenarios": results, "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "faults",
+                "scenarios_run": len(results),
+                "scenarios_total": len(SCENARIOS),
+                "faults_injected": len(faults),
+                "survived": sum(bool(r["survived"]) for r in faults.values()),
+                "signals_sent": stress.get("signals", 0),
+                "signals_exit_75": sum(c == 75 for c in stress.get("exit_codes", [])),
+                "attacks_tried": sum(r["attacks"] for r in attacks.values()),
+                "attacks_contained": sum(r["contained"] for r in attacks.values()),
+                "data_lost": lost,
+                "scenarios": results,
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

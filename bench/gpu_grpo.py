@@ -56,48 +56,104 @@ from gpu_learner import BEFORE, emit, mfu, model_facts, peak_for, rnd, run_varia
 
 from rlvr.models.shaped import SHAPES  # noqa: E402  (no torch at import)
 
-DEFAULT_LEARNER_VARIANTS = ";".join([f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"])
+DEFAULT_LEARNER_VARIANTS = ";".join(
+    [f"before={BEFORE}", "base=", "gc_4k=--model.gradient-checkpointing True --learner.pack-length 4096"]
+)
 
 
 # ----------------------------------------------------------------------------- configurations
 def parse_config(name: str) -> dict[str, Any]:
     m = re.fullmatch(r"colocate1(?:_async(\d+))?", name)
     if m:
-        return {"name": name, "gpus": 1, "learners": 1, "engines": 1, "colocate": True,
-                "async_steps": int(m.group(1)) if m.group(1) is not None else 1}
+        return {
+            "name": name,
+            "gpus": 1,
+            "learners": 1,
+            "engines": 1,
+            "colocate": True,
+            "async_steps": int(m.group(1)) if m.group(1) is not None else 1,
+        }
     m = re.fullmatch(r"split(\d+)(?:_l(\d+))?(?:_async(\d+))?", name)
     if m:
         g = int(m.group(1))
         lrn = int(m.group(2)) if m.group(2) else max(1, g // 2)
         if g < 2 or not 1 <= lrn < g:
             raise ValueError(f"config {name}: need >= 2 GPUs and 1 <= learners < GPUs")
-        return {"name": name, "gpus": g, "learners": lrn, "engines": g - lrn, "colocate": False,
-                "async_steps": int(m.group(3)) if m.group(3) is not None else 1}
+        return {
+            "name": name,
+            "gpus": g,
+            "learners": lrn,
+            "engines": g - lrn,
+            "colocate": False,
+            "async_steps": int(m.group(3)) if m.group(3) is not None else 1,
+        }
     raise ValueError(f"unknown config {name!r}: use colocate1[_asyncK] or splitG[_lL][_asyncK]")
 
 
 def common_flags(a: argparse.Namespace, model_dir: str) -> list[str]:
-    return ["--model.path", model_dir, "--data.datasets", "builtin:copy4", "--data.apply-chat-template", "False",
-            "--rollout.filter-zero-variance", "False", "--eval.every-n-steps", "0", "--eval.at-step-0", "False",
-            "--checkpoint.save-final", "False", "--checkpoint.every-n-steps", "0",
-            "--checkpoint.output-dir", a.runs_dir, "--logging.console-progress", "False",
-            "--num-steps", str(a.steps), "--generation.max-new-tokens", str(a.max_new_tokens),
-            "--generation.num-samples", str(a.group_size), "--rollout.prompts-per-step", str(a.prompts_per_step),
-            "--learner.lr", "1e-6"]
+    return [
+        "--model.path",
+        model_dir,
+        "--data.datasets",
+        "builtin:copy4",
+        "--data.apply-chat-template",
+        "False",
+        "--rollout.filter-zero-variance",
+        "False",
+        "--eval.every-n-steps",
+        "0",
+        "--eval.at-step-0",
+        "False",
+        "--checkpoint.save-final",
+        "False",
+        "--checkpoint.every-n-steps",
+        "0",
+        "--checkpoint.output-dir",
+        a.runs_dir,
+        "--logging.console-progress",
+        "False",
+        "--num-steps",
+        str(a.steps),
+        "--generation.max-new-tokens",
+        str(a.max_new_tokens),
+        "--generation.num-samples",
+        str(a.group_size),
+        "--rollout.prompts-per-step",
+        str(a.prompts_per_step),
+        "--learner.lr",
+        "1e-6",
+    ]
 
 
 def train_argv(a: argparse.Namespace, c: dict[str, Any], model_dir: str, run_name: str) -> list[str]:
     preset = "configs/gpu-1x-colocate.yaml" if c["colocate"] else "configs/gpu-2x.yaml"
-    argv = ["--config", preset, *common_flags(a, model_dir), "--rollout.async-steps", str(c["async_steps"]),
-            "--cluster.num-learners", str(c["learners"]), "--cluster.num-engines", str(c["engines"]),
-            "--cluster.gpus-per-node", str(c["gpus"]), "--logging.run-name", run_name]
+    argv = [
+        "--config",
+        preset,
+        *common_flags(a, model_dir),
+        "--rollout.async-steps",
+        str(c["async_steps"]),
+        "--cluster.num-learners",
+        str(c["learners"]),
+        "--cluster.num-engines",
+        str(c["engines"]),
+        "--cluster.gpus-per-node",
+        str(c["gpus"]),
+        "--logging.run-name",
+        run_name,
+    ]
     return argv + shlex.split(a.extra)
 
 
 def gpu_env(gpus: list[int]) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(RLVR_IGNORE_EOS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0",
-               CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    env.update(
+        RLVR_IGNORE_EOS="1",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+        RAY_DEDUP_LOGS="0",
+        CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
+    )
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("NCCL_CUMEM_ENABLE", "0")
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -117,8 +173,12 @@ class PeakMemory:
 
     def _sample(self) -> None:
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
         except (OSError, subprocess.TimeoutExpired):
             return
         for line in out.splitlines():
@@ -143,8 +203,9 @@ class PeakMemory:
         return {str(g): round(v, 2) for g, v in self.peak.items()}
 
 
-def run_guarded(cmd: list[str], env: dict[str, str], timeout_s: float, log_path: Path,
-                gpus: list[int] | None = None) -> dict[str, Any]:
+def run_guarded(
+    cmd: list[str], env: dict[str, str], timeout_s: float, log_path: Path, gpus: list[int] | None = None
+) -> dict[str, Any]:
     """Run in its own session; on timeout SIGTERM the group, then SIGKILL it 15 s later. With `gpus`, the result
     has `peak_mem_gib` ({gpu index: peak memory.used in GiB while it ran})."""
     t0 = time.time()
@@ -195,8 +256,9 @@ def tail(path: Path, n: int = 25) -> list[str]:
 
 def gpu_names() -> list[str]:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
         return [l.strip() for l in out.stdout.splitlines() if l.strip()]
     except (OSError, subprocess.TimeoutExpired):
         return []
@@ -225,35 +287,58 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
     samples = m("rollout/num_samples")
     p_len, c_len = m("rollout/prompt_len_mean"), m("rollout/completion_len_mean")
     tokens = samples * (p_len + c_len)
-    gen, wait, reward, train, sync = (m("time/generation"), m("time/wait_generation"), m("time/reward"),
-                                      m("time/train"), m("time/sync"))
+    gen, wait, reward, train, sync = (
+        m("time/generation"),
+        m("time/wait_generation"),
+        m("time/reward"),
+        m("time/train"),
+        m("time/sync"),
+    )
     sync_bytes = m("sync/bytes")
-    out.update({
-        "prompt_len_mean": rnd(p_len, 1), "completion_len_mean": rnd(c_len, 1), "samples_per_step": rnd(samples, 1),
-        "tokens_per_step": rnd(tokens, 0), "step_wall_s": rnd(wall, 3), "time_step_s": rnd(m("time/step"), 3),
-        "tokens_per_s": rnd(tokens / wall, 1), "tokens_per_s_per_gpu": rnd(tokens / wall / c["gpus"], 1),
-        "phase_s": {"generation": rnd(gen, 3), "wait_generation": rnd(wait, 3), "reward": rnd(reward, 3),
-                    "logprob_recompute": "inside train (one optimizer step per batch: l_old = stopgrad)",
-                    "train": rnd(train, 3), "sync_cycle": rnd(sync, 3),
-                    "learner_idle": rnd(max(0.0, wall - train - sync), 3),
-                    # engines wait through train + sync when nothing runs ahead (async0) or they sleep (colocated)
-                    "engine_idle_est": rnd(train + sync, 3) if c["async_steps"] == 0 or c["colocate"] else None},
-        "engine_rollout_tokens_per_s": rnd(samples * c_len / gen, 1) if c["async_steps"] == 0 else None,
-        "weight_sync": {"cycle_s": rnd(sync, 4), "learner_send_s": rnd(m("sync/seconds"), 4),
-                        "engine_load_s_max": rnd(m("sync/engine_load_s_max"), 4),
-                        "engine_pause_s_max": rnd(m("sync/engine_pause_s_max"), 4),
-                        "engine_receive_load_s_max": rnd(m("sync/engine_receive_load_s_max"), 4),
-                        "engine_finish_s_max": rnd(m("sync/engine_finish_s_max"), 4),
-                        "engine_total_s_max": rnd(m("sync/engine_total_s_max"), 4), "gb": rnd(sync_bytes / 1e9, 3),
-                        "cycle_gb_per_s": rnd(sync_bytes / 1e9 / sync, 2) if sync else None,
-                        "send_gb_per_s": rnd(m("sync/gb_per_s"), 2)},
-        "learner_mfu": rnd(mfu(facts, tokens, p_len + c_len, train, c["learners"], peak), 4),
-        "learner_tokens_per_s_per_gpu": rnd(tokens / train / c["learners"], 1),
-        "padding_waste": rnd(1 - m("perf/padded_token_efficiency"), 4),
-        "pack_waste": rnd(1 - m("perf/packing_efficiency"), 4),
-        "packed_rows": rnd(m("perf/num_packed_rows"), 1), "micro_batches_per_rank": rnd(m("perf/micro_batches_per_rank"), 1),
-        "staleness_mean": rnd(m("rollout/staleness_mean"), 3), "truncated_rate": rnd(m("rollout/truncated_rate"), 3),
-    })
+    out.update(
+        {
+            "prompt_len_mean": rnd(p_len, 1),
+            "completion_len_mean": rnd(c_len, 1),
+            "samples_per_step": rnd(samples, 1),
+            "tokens_per_step": rnd(tokens, 0),
+            "step_wall_s": rnd(wall, 3),
+            "time_step_s": rnd(m("time/step"), 3),
+            "tokens_per_s": rnd(tokens / wall, 1),
+            "tokens_per_s_per_gpu": rnd(tokens / wall / c["gpus"], 1),
+            "phase_s": {
+                "generation": rnd(gen, 3),
+                "wait_generation": rnd(wait, 3),
+                "reward": rnd(reward, 3),
+                "logprob_recompute": "inside train (one optimizer step per batch: l_old = stopgrad)",
+                "train": rnd(train, 3),
+                "sync_cycle": rnd(sync, 3),
+                "learner_idle": rnd(max(0.0, wall - train - sync), 3),
+                # engines wait through train + sync when nothing runs ahead (async0) or they sleep (colocated)
+                "engine_idle_est": rnd(train + sync, 3) if c["async_steps"] == 0 or c["colocate"] else None,
+            },
+            "engine_rollout_tokens_per_s": rnd(samples * c_len / gen, 1) if c["async_steps"] == 0 else None,
+            "weight_sync": {
+                "cycle_s": rnd(sync, 4),
+                "learner_send_s": rnd(m("sync/seconds"), 4),
+                "engine_load_s_max": rnd(m("sync/engine_load_s_max"), 4),
+                "engine_pause_s_max": rnd(m("sync/engine_pause_s_max"), 4),
+                "engine_receive_load_s_max": rnd(m("sync/engine_receive_load_s_max"), 4),
+                "engine_finish_s_max": rnd(m("sync/engine_finish_s_max"), 4),
+                "engine_total_s_max": rnd(m("sync/engine_total_s_max"), 4),
+                "gb": rnd(sync_bytes / 1e9, 3),
+                "cycle_gb_per_s": rnd(sync_bytes / 1e9 / sync, 2) if sync else None,
+                "send_gb_per_s": rnd(m("sync/gb_per_s"), 2),
+            },
+            "learner_mfu": rnd(mfu(facts, tokens, p_len + c_len, train, c["learners"], peak), 4),
+            "learner_tokens_per_s_per_gpu": rnd(tokens / train / c["learners"], 1),
+            "padding_waste": rnd(1 - m("perf/padded_token_efficiency"), 4),
+            "pack_waste": rnd(1 - m("perf/packing_efficiency"), 4),
+            "packed_rows": rnd(m("perf/num_packed_rows"), 1),
+            "micro_batches_per_rank": rnd(m("perf/micro_batches_per_rank"), 1),
+            "staleness_mean": rnd(m("rollout/staleness_mean"), 3),
+            "truncated_rate": rnd(m("rollout/truncated_rate"), 3),
+        }
+    )
     last = steps[-1]
     out["prompts"] = {k.split("/", 1)[1]: last.get(k) for k in sorted(last) if k.startswith("data/prompts_")}
     out["step_walls_s"] = [round(w, 2) for w in walls]
@@ -261,17 +346,41 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
     return out
 
 
-def run_config(a: argparse.Namespace, c: dict[str, Any], gpus: list[int], model_dir: str, facts: dict, card: str,
-               peak: float | None, timeout_s: float, out_dir: Path, tag: str, extra_note: str = "") -> dict:
+def run_config(
+    a: argparse.Namespace,
+    c: dict[str, Any],
+    gpus: list[int],
+    model_dir: str,
+    facts: dict,
+    card: str,
+    peak: float | None,
+    timeout_s: float,
+    out_dir: Path,
+    tag: str,
+    extra_note: str = "",
+) -> dict:
     run_name = f"{c['name']}-{tag}-{os.getpid()}-{int(time.time())}"
     argv = train_argv(a, c, model_dir, run_name)
     cmd = [sys.executable, "-m", "rlvr.cli", "train", *argv]
-    rec: dict[str, Any] = {"kind": "rlvr", "config": c["name"], "tag": tag, "shape": a.shape, "card": card,
-                           "gpus": c["gpus"], "learners": c["learners"], "engines": c["engines"],
-                           "colocate": c["colocate"], "async_steps": c["async_steps"],
-                           "prompts_per_step": a.prompts_per_step, "group_size": a.group_size,
-                           "max_new_tokens": a.max_new_tokens, "steps": a.steps, "extra": a.extra,
-                           "peak_flops": peak, "note": extra_note}
+    rec: dict[str, Any] = {
+        "kind": "rlvr",
+        "config": c["name"],
+        "tag": tag,
+        "shape": a.shape,
+        "card": card,
+        "gpus": c["gpus"],
+        "learners": c["learners"],
+        "engines": c["engines"],
+        "colocate": c["colocate"],
+        "async_steps": c["async_steps"],
+        "prompts_per_step": a.prompts_per_step,
+        "group_size": a.group_size,
+        "max_new_tokens": a.max_new_tokens,
+        "steps": a.steps,
+        "extra": a.extra,
+        "peak_flops": peak,
+        "note": extra_note,
+    }
     if a.dry_run:
         rec["cmd"] = "CUDA_VISIBLE_DEVICES=%s RLVR_IGNORE_EOS=1 %s" % (",".join(map(str, gpus)), shlex.join(cmd))
         rec["flags_ok"] = check_flags(argv)
@@ -298,9 +407,15 @@ def check_flags(argv: list[str]) -> Any:
         from rlvr.cli import parse_train_args
 
         cfg = parse_train_args(argv).experiment
-        return {"ok": True, "num_steps": cfg.num_steps, "gc": cfg.model.gradient_checkpointing,
-                "zero": cfg.learner.zero_stage, "pack_length": cfg.learner.pack_length,
-                "micro_batch_rows": cfg.learner.micro_batch_rows, "vllm_mem": cfg.rollout.vllm_gpu_memory_utilization}
+        return {
+            "ok": True,
+            "num_steps": cfg.num_steps,
+            "gc": cfg.model.gradient_checkpointing,
+            "zero": cfg.learner.zero_stage,
+            "pack_length": cfg.learner.pack_length,
+            "micro_batch_rows": cfg.learner.micro_batch_rows,
+            "vllm_mem": cfg.rollout.vllm_gpu_memory_utilization,
+        }
     except BaseException as e:  # tyro exits on bad flags
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
 
@@ -321,16 +436,34 @@ def child_standalone(spec: dict[str, Any]) -> None:
     reqs = [r for r in reqs if r is not None]
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in reqs]
     t0 = time.perf_counter()
-    llm = LLM(model=spec["model_dir"], dtype="bfloat16", seed=cfg.seed,
-              gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
-              max_model_len=cfg.data.max_prompt_tokens + M, enable_prefix_caching=cfg.rollout.vllm_enable_prefix_caching,
-              enforce_eager=cfg.rollout.vllm_enforce_eager, logprobs_mode="processed_logprobs")
+    llm = LLM(
+        model=spec["model_dir"],
+        dtype="bfloat16",
+        seed=cfg.seed,
+        gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
+        max_model_len=cfg.data.max_prompt_tokens + M,
+        enable_prefix_caching=cfg.rollout.vllm_enable_prefix_caching,
+        enforce_eager=cfg.rollout.vllm_enforce_eager,
+        logprobs_mode="processed_logprobs",
+    )
     start_s = time.perf_counter() - t0
-    base = dict(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p, top_k=cfg.generation.top_k,
-                max_tokens=M, logprobs=0, ignore_eos=True)
-    common = {"kind": "standalone_vllm", "card": spec["card"], "prompts_per_step": P, "group_size": G,
-              "max_new_tokens": M, "gpu_memory_utilization": cfg.rollout.vllm_gpu_memory_utilization,
-              "engine_start_s": round(start_s, 1)}
+    base = dict(
+        temperature=cfg.generation.temperature,
+        top_p=cfg.generation.top_p,
+        top_k=cfg.generation.top_k,
+        max_tokens=M,
+        logprobs=0,
+        ignore_eos=True,
+    )
+    common = {
+        "kind": "standalone_vllm",
+        "card": spec["card"],
+        "prompts_per_step": P,
+        "group_size": G,
+        "max_new_tokens": M,
+        "gpu_memory_utilization": cfg.rollout.vllm_gpu_memory_utilization,
+        "engine_start_s": round(start_s, 1),
+    }
     llm.generate(prompts[:8], SamplingParams(**{**base, "max_tokens": 16}, n=G), use_tqdm=False)  # warm-up
 
     def measure(label: str, batch: list, params: Any, seqs: int) -> None:
@@ -339,47 +472,85 @@ def child_standalone(spec: dict[str, Any]) -> None:
         dt = time.perf_counter() - t
         comp = sum(len(o.token_ids) for r in outs for o in r.outputs)
         prm = sum(len(r.prompt_token_ids) * len(r.outputs) for r in outs)
-        emit({**common, "mode": label, "sequences": seqs, "seconds": round(dt, 3), "completion_tokens": comp,
-              "completion_tokens_per_s": round(comp / dt, 1), "tokens_per_s": round((comp + prm) / dt, 1)}, None)
+        emit(
+            {
+                **common,
+                "mode": label,
+                "sequences": seqs,
+                "seconds": round(dt, 3),
+                "completion_tokens": comp,
+                "completion_tokens_per_s": round(comp / dt, 1),
+                "tokens_per_s": round((comp + prm) / dt, 1),
+            },
+            None,
+        )
 
     which = spec["modes"]
     if "step_plain" in which:  # one step's batch, n=G per prompt
-        measure("step_plain", prompts[P:2 * P], SamplingParams(**base, n=G), P * G)
+        measure("step_plain", prompts[P : 2 * P], SamplingParams(**base, n=G), P * G)
     if "step_rlvr_like" in which:  # the same batch the way rlvr submits it: n=1 requests, a seed per sample
         batch, params = [], []
-        for r in reqs[2 * P:3 * P]:
+        for r in reqs[2 * P : 3 * P]:
             for j in range(G):
                 batch.append({"prompt_token_ids": list(r.prompt_token_ids)})
                 seed = None if r.sampling.seed is None else int(r.sampling.seed) + j
                 params.append(SamplingParams(**base, n=1, seed=seed))
         measure("step_rlvr_like", batch, params, P * G)
     if "ceiling" in which:  # four steps at once: the continuous-batching ceiling
-        measure("ceiling_4steps", prompts[P:5 * P], SamplingParams(**base, n=G), 4 * P * G)
+        measure("ceiling_4steps", prompts[P : 5 * P], SamplingParams(**base, n=G), 4 * P * G)
 
 
 # ----------------------------------------------------------------------------- lanes
-def lane_standalone_learner(a: argparse.Namespace, gpu: int, model_dir: str, facts: dict, card: str,
-                            peak: float | None, deadline: float, out_dir: Path, results: dict) -> None:
+def lane_standalone_learner(
+    a: argparse.Namespace,
+    gpu: int,
+    model_dir: str,
+    facts: dict,
+    card: str,
+    peak: float | None,
+    deadline: float,
+    out_dir: Path,
+    results: dict,
+) -> None:
     split = parse_config("split2_async0")
     argv = train_argv(a, split, model_dir, "standalone")
     if "standalone" in a.lanes:
-        spec = {"argv": argv, "model_dir": model_dir, "card": card,
-                "modes": ["step_plain", "step_rlvr_like", "ceiling"]}
+        spec = {
+            "argv": argv,
+            "model_dir": model_dir,
+            "card": card,
+            "modes": ["step_plain", "step_rlvr_like", "ceiling"],
+        }
         budget = min(a.standalone_timeout_s, deadline - time.time())
         if a.dry_run:
-            emit({"kind": "standalone_vllm", "gpu": gpu, "timeout_s": round(budget), "spec": spec}, out_dir / "bench.jsonl")
+            emit(
+                {"kind": "standalone_vllm", "gpu": gpu, "timeout_s": round(budget), "spec": spec},
+                out_dir / "bench.jsonl",
+            )
         else:
             results["standalone"] = run_child("standalone", spec, [gpu], budget, out_dir)
     if "learner" in a.lanes:
         variants = [tuple(v.split("=", 1)) if "=" in v else (v, v) for v in a.learner_variants.split(";") if v.strip()]
         learner_argv = train_argv(a, parse_config("split2_async0"), model_dir, "learner")
         budget = deadline - time.time() if not a.dry_run else a.standalone_timeout_s
-        spec = {"argv": learner_argv, "model_dir": model_dir, "card": card, "facts": facts, "peak": peak,
-                "variants": variants, "samples": a.learner_samples, "reps": 1, "timeout_s": budget,
-                "pack_length": 4096, "shape": a.shape}
+        spec = {
+            "argv": learner_argv,
+            "model_dir": model_dir,
+            "card": card,
+            "facts": facts,
+            "peak": peak,
+            "variants": variants,
+            "samples": a.learner_samples,
+            "reps": 1,
+            "timeout_s": budget,
+            "pack_length": 4096,
+            "shape": a.shape,
+        }
         if a.dry_run:
-            emit({"kind": "learner_microbench", "gpu": gpu, "spec": {k: v for k, v in spec.items() if k != "facts"}},
-                 out_dir / "bench.jsonl")
+            emit(
+                {"kind": "learner_microbench", "gpu": gpu, "spec": {k: v for k, v in spec.items() if k != "facts"}},
+                out_dir / "bench.jsonl",
+            )
         elif budget > 30:
             results["learner"] = run_child("learner", spec, [gpu], budget, out_dir)
 
@@ -388,8 +559,12 @@ def run_child(mode: str, spec: dict[str, Any], gpus: list[int], timeout_s: float
     spec_path = out_dir / f"{mode}.spec.json"
     spec_path.write_text(json.dumps(spec))
     log = out_dir / f"{mode}.log"
-    res = run_guarded([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--child-spec", str(spec_path)],
-                      gpu_env(gpus), timeout_s, log)
+    res = run_guarded(
+        [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--child-spec", str(spec_path)],
+        gpu_env(gpus),
+        timeout_s,
+        log,
+    )
     recs = []
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("{") and '"kind"' in line:
@@ -410,28 +585,47 @@ def main() -> int:
     p.add_argument("--configs", default="colocate1,split2_async0,split2_async1")
     p.add_argument("--lanes", default="standalone,learner", help="extra lanes: standalone, learner (or 'none')")
     p.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
-    p.add_argument("--lora-compare", type=int, default=0, metavar="RANK",
-                   help="run every config again with LoRA of this rank and print full_vs_lora lines (0: off)")
+    p.add_argument(
+        "--lora-compare",
+        type=int,
+        default=0,
+        metavar="RANK",
+        help="run every config again with LoRA of this rank and print full_vs_lora lines (0: off)",
+    )
     p.add_argument("--lora-lr", type=float, default=1e-5, help="learning rate of the --lora-compare runs")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--prompts-per-step", type=int, default=32)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--extra", default="", help="flags appended to every rlvr train command (and learner variants)")
-    p.add_argument("--extra-configs", default="",
-                   help="';'-separated CONFIG:TAG=FLAGS runs repeated with extra flags, e.g. "
-                        "'split2_async1:fast=--model.gradient-checkpointing False'")
-    p.add_argument("--learner-variants", default=DEFAULT_LEARNER_VARIANTS,
-                   help="';'-separated NAME=FLAGS for the learner microbench")
+    p.add_argument(
+        "--extra-configs",
+        default="",
+        help="';'-separated CONFIG:TAG=FLAGS runs repeated with extra flags, e.g. "
+        "'split2_async1:fast=--model.gradient-checkpointing False'",
+    )
+    p.add_argument(
+        "--learner-variants",
+        default=DEFAULT_LEARNER_VARIANTS,
+        help="';'-separated NAME=FLAGS for the learner microbench",
+    )
     p.add_argument("--learner-samples", type=int, default=64, help="samples in the learner microbench batch")
     p.add_argument("--budget-s", type=float, default=420.0, help="total wall budget of this script")
     p.add_argument("--run-timeout-s", type=float, default=170.0, help="cap per rlvr run")
-    p.add_argument("--reserve-per-run-s", type=float, default=100.0,
-                   help="budget kept back for each later rlvr run when capping the current one")
+    p.add_argument(
+        "--reserve-per-run-s",
+        type=float,
+        default=100.0,
+        help="budget kept back for each later rlvr run when capping the current one",
+    )
     p.add_argument("--standalone-timeout-s", type=float, default=150.0)
-    p.add_argument("--lane-share", type=float, default=0.42,
-                   help="with >= 2 GPUs the standalone+learner lane must end by this fraction of --budget-s "
-                        "(multi-GPU runs wait for it)")
+    p.add_argument(
+        "--lane-share",
+        type=float,
+        default=0.42,
+        help="with >= 2 GPUs the standalone+learner lane must end by this fraction of --budget-s "
+        "(multi-GPU runs wait for it)",
+    )
     p.add_argument("--serial", action="store_true", help="no concurrent lane next to colocate1")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/rlvr-bench-out"))
     p.add_argument("--runs-dir", default="/tmp/rlvr-bench-runs")
@@ -459,8 +653,10 @@ def main() -> int:
         extra_runs.append((parse_config(cname.strip()), tag.strip() or "extra", flags))
     if a.lora_compare:
         r = a.lora_compare
-        extra_runs += [(c, f"lora_r{r}", f"--learner.lora-rank {r} --learner.lora-alpha {2 * r} --learner.lr {a.lora_lr}")
-                       for c in configs]
+        extra_runs += [
+            (c, f"lora_r{r}", f"--learner.lora-rank {r} --learner.lora-alpha {2 * r} --learner.lr {a.lora_lr}")
+            for c in configs
+        ]
     names = gpu_names()
     num_gpus = len(names) if names else (0 if not a.dry_run else 2)
     card = names[0] if names else "unknown"
@@ -478,15 +674,36 @@ def main() -> int:
 
         s = SHAPES[a.shape]
         facts = model_facts_from(s, VOCAB_SIZE)
-    emit({"kind": "setup", "card": card, "gpus": num_gpus, "peak_flops": peak, "shape": a.shape, "model_dir": model_dir,
-          "model_build_s": round(time.time() - t, 1), **facts, "dry_run": a.dry_run, "budget_s": a.budget_s}, jl)
+    emit(
+        {
+            "kind": "setup",
+            "card": card,
+            "gpus": num_gpus,
+            "peak_flops": peak,
+            "shape": a.shape,
+            "model_dir": model_dir,
+            "model_build_s": round(time.time() - t, 1),
+            **facts,
+            "dry_run": a.dry_run,
+            "budget_s": a.budget_s,
+        },
+        jl,
+    )
 
     results: dict[str, Any] = {}
     todo = [(c, "base", "") for c in configs] + extra_runs
     runnable = [(c, tag, fl) for c, tag, fl in todo if c["gpus"] <= num_gpus]
     for c, tag, _ in todo:
         if c["gpus"] > num_gpus:
-            emit({"kind": "rlvr", "config": c["name"], "tag": tag, "skipped": f"needs {c['gpus']} GPUs, have {num_gpus}"}, jl)
+            emit(
+                {
+                    "kind": "rlvr",
+                    "config": c["name"],
+                    "tag": tag,
+                    "skipped": f"needs {c['gpus']} GPUs, have {num_gpus}",
+                },
+                jl,
+            )
 
     def do_run(c: dict, tag: str, flags: str, gpus: list[int], remaining_runs: int) -> None:
         left = deadline - time.time()  # keep --reserve-per-run-s for each run still to come
@@ -506,11 +723,15 @@ def main() -> int:
     side_gpu = num_gpus - 1
     parallel = num_gpus >= 2 and not a.serial and a.lanes
     if parallel:  # standalone vLLM then the learner microbench on the last GPU, next to colocate1 on GPU 0
-        lane_deadline = (t_start + a.lane_share * a.budget_s if any(not c["colocate"] for c, _, _ in runnable)
-                         else deadline)
+        lane_deadline = (
+            t_start + a.lane_share * a.budget_s if any(not c["colocate"] for c, _, _ in runnable) else deadline
+        )
         lane_deadline = max(lane_deadline, time.time() + 60)
-        lane_thread = threading.Thread(target=lane_standalone_learner, daemon=True,
-                                       args=(a, side_gpu, model_dir, facts, card, peak, lane_deadline, out_dir, results))
+        lane_thread = threading.Thread(
+            target=lane_standalone_learner,
+            daemon=True,
+            args=(a, side_gpu, model_dir, facts, card, peak, lane_deadline, out_dir, results),
+        )
         lane_thread.start()
     order = sorted(runnable, key=lambda x: (not x[0]["colocate"], x[0]["gpus"]))
     for i, (c, tag, flags) in enumerate(order):
@@ -527,8 +748,13 @@ def main() -> int:
         lane_standalone_learner(a, 0, model_dir, facts, card, peak, deadline, out_dir, results)
 
     # ---------------------------------------------------------------- summary
-    summary: dict[str, Any] = {"kind": "summary", "card": card, "peak_flops": peak, "shape": a.shape,
-                               "elapsed_s": round(time.time() - t_start, 1)}
+    summary: dict[str, Any] = {
+        "kind": "summary",
+        "card": card,
+        "peak_flops": peak,
+        "shape": a.shape,
+        "elapsed_s": round(time.time() - t_start, 1),
+    }
     base = {k[0]: v for k, v in results.items() if isinstance(k, tuple) and k[1] == "base"}
     for name, r in base.items():
         summary[f"{name}.tokens_per_s_per_gpu"] = r.get("tokens_per_s_per_gpu")
@@ -550,8 +776,18 @@ def main() -> int:
     for (name, tag), r in [(k, v) for k, v in results.items() if isinstance(k, tuple) and k[1].startswith("lora_r")]:
         full = base.get(name)
         if full is not None:
-            emit({"kind": "full_vs_lora", "config": name, "shape": a.shape, "card": card, "lora": tag,
-                  "full": side(full), tag: side(r)}, jl)
+            emit(
+                {
+                    "kind": "full_vs_lora",
+                    "config": name,
+                    "shape": a.shape,
+                    "card": card,
+                    "lora": tag,
+                    "full": side(full),
+                    tag: side(r),
+                },
+                jl,
+            )
             summary[f"{name}:{tag}.sync_cycle_s"] = (r.get("weight_sync") or {}).get("cycle_s")
     lb = [r for r in results.get("learner", []) if r.get("kind") == "learner_microbench" and "mfu" in r]
     if lb:
@@ -563,19 +799,33 @@ def main() -> int:
 def side(r: dict[str, Any]) -> dict[str, Any]:
     """One run's figures for the full_vs_lora line."""
     ws = r.get("weight_sync") or {}
-    return {"sync_cycle_s": ws.get("cycle_s"), "learner_send_s": ws.get("learner_send_s"),
-            "engine_load_s_max": ws.get("engine_load_s_max"), "sync_gb": ws.get("gb"),
-            "step_wall_s": r.get("step_wall_s"), "time_step_s": r.get("time_step_s"),
-            "train_s": (r.get("phase_s") or {}).get("train"), "peak_mem_gib_per_gpu": r.get("peak_mem_gib"),
-            "steps_measured": r.get("steps_measured"), "rc": r.get("rc"), "timed_out": r.get("timed_out")}
+    return {
+        "sync_cycle_s": ws.get("cycle_s"),
+        "learner_send_s": ws.get("learner_send_s"),
+        "engine_load_s_max": ws.get("engine_load_s_max"),
+        "sync_gb": ws.get("gb"),
+        "step_wall_s": r.get("step_wall_s"),
+        "time_step_s": r.get("time_step_s"),
+        "train_s": (r.get("phase_s") or {}).get("train"),
+        "peak_mem_gib_per_gpu": r.get("peak_mem_gib"),
+        "steps_measured": r.get("steps_measured"),
+        "rc": r.get("rc"),
+        "timed_out": r.get("timed_out"),
+    }
 
 
 def model_facts_from(shape: dict[str, Any], vocab: int) -> dict[str, Any]:
     d, L, inter = shape["hidden_size"], shape["num_hidden_layers"], shape["intermediate_size"]
     heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
     kv_dim = d // heads * kv
-    return {"N_matmul": L * (2 * d * d + 2 * d * kv_dim + 3 * d * inter) + vocab * d, "L": L, "d": d,
-            "heads": heads, "kv_heads": kv, "vocab": vocab}
+    return {
+        "N_matmul": L * (2 * d * d + 2 * d * kv_dim + 3 * d * inter) + vocab * d,
+        "L": L,
+        "d": d,
+        "heads": heads,
+        "kv_heads": kv,
+        "vocab": vocab,
+    }
 
 
 if __name__ == "__main__":

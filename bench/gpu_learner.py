@@ -75,8 +75,9 @@ def peak_for(card: str) -> float | None:
     return None
 
 
-def mfu(facts: dict[str, Any], tokens: float, seq_len: float, seconds: float, gpus: int, peak: float | None,
-        passes: int = 6) -> Any:
+def mfu(
+    facts: dict[str, Any], tokens: float, seq_len: float, seconds: float, gpus: int, peak: float | None, passes: int = 6
+) -> Any:
     """passes = 6 for forward + backward (2 + 4), 2 for a forward only."""
     if not peak or not seconds or not tokens:
         return None
@@ -92,9 +93,22 @@ def _sync(device: str) -> None:
 
 
 def train_argv(model_dir: str, max_new_tokens: int, group_size: int) -> list[str]:
-    return ["--config", "configs/gpu-2x.yaml", "--model.path", model_dir, "--data.datasets", "builtin:copy4",
-            "--data.apply-chat-template", "False", "--generation.max-new-tokens", str(max_new_tokens),
-            "--generation.num-samples", str(group_size), "--learner.lr", "1e-6"]
+    return [
+        "--config",
+        "configs/gpu-2x.yaml",
+        "--model.path",
+        model_dir,
+        "--data.datasets",
+        "builtin:copy4",
+        "--data.apply-chat-template",
+        "False",
+        "--generation.max-new-tokens",
+        str(max_new_tokens),
+        "--generation.num-samples",
+        str(group_size),
+        "--learner.lr",
+        "1e-6",
+    ]
 
 
 def attention_probe(facts: dict[str, Any], T: int, card: str) -> dict[str, Any]:
@@ -106,17 +120,25 @@ def attention_probe(facts: dict[str, Any], T: int, card: str) -> dict[str, Any]:
     from rlvr.learner import attention
 
     h, d = facts["heads"], facts["d"] // facts["heads"]
-    res: dict[str, Any] = {"kind": "attention_probe", "card": card, "T": T, "heads": h, "head_dim": d,
-                           "layers": facts["L"]}
+    res: dict[str, Any] = {
+        "kind": "attention_probe",
+        "card": card,
+        "T": T,
+        "heads": h,
+        "head_dim": d,
+        "layers": facts["L"],
+    }
     try:
         q, k, v = (torch.randn(1, h, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         pos = torch.arange(T, device="cuda") % 520
         seg = torch.arange(T, device="cuda") // 520
         mask = (seg[:, None] == seg[None, :]) & (pos[:, None] >= pos[None, :])
         meta = attention.varlen_metadata(pos[None].clone())
-        cases = {"sdpa_causal_no_mask": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                 "sdpa_block_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None]),
-                 "torch_varlen": lambda: attention.varlen_attention_forward(torch.nn.Module(), q, k, v, None, **meta)[0]}
+        cases = {
+            "sdpa_causal_no_mask": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "sdpa_block_mask": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None]),
+            "torch_varlen": lambda: attention.varlen_attention_forward(torch.nn.Module(), q, k, v, None, **meta)[0],
+        }
         for label, fn in cases.items():
             for i in range(5):
                 if i == 2:
@@ -162,10 +184,14 @@ def profile_step(worker: Any, pb: Any) -> dict[str, Any]:
     for key, us, _ in rows:
         classes[_kernel_class(key)] = classes.get(_kernel_class(key), 0.0) + us
     top = sorted(rows, key=lambda r: -r[1])[:15]
-    return {"kind": "learner_profile", "gpu_kernel_s": round(total / 1e6, 3),
-            "share_by_class": {k: round(v / total, 3) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
-            "top_kernels": [{"name": k[:90], "s": round(us / 1e6, 4), "calls": c, "share": round(us / total, 3)}
-                            for k, us, c in top]}
+    return {
+        "kind": "learner_profile",
+        "gpu_kernel_s": round(total / 1e6, 3),
+        "share_by_class": {k: round(v / total, 3) for k, v in sorted(classes.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [
+            {"name": k[:90], "s": round(us / 1e6, 4), "calls": c, "share": round(us / total, 3)} for k, us, c in top
+        ],
+    }
 
 
 def run_variants(spec: dict[str, Any]) -> None:
@@ -183,14 +209,22 @@ def run_variants(spec: dict[str, Any]) -> None:
             if left < 25:
                 emit({"kind": "learner_microbench", "variant": variant[0], "skipped": "out of time"}, spec.get("out"))
                 continue
-            child = {**spec, "variants": [list(variant)], "isolate": False, "timeout_s": left,
-                     "attention_probe": spec.get("attention_probe", True) and i == 0,
-                     "out": str(spec["out"]) if spec.get("out") else None}
+            child = {
+                **spec,
+                "variants": [list(variant)],
+                "isolate": False,
+                "timeout_s": left,
+                "attention_probe": spec.get("attention_probe", True) and i == 0,
+                "out": str(spec["out"]) if spec.get("out") else None,
+            }
             with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
                 json.dump(child, f)
             try:
-                subprocess.run([sys.executable, str(Path(__file__).resolve()), "--variant-spec", f.name],
-                               timeout=left + 10, check=False)
+                subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--variant-spec", f.name],
+                    timeout=left + 10,
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
                 emit({"kind": "learner_microbench", "variant": variant[0], "error": "timed out"}, spec.get("out"))
         return
@@ -215,20 +249,39 @@ def run_variants(spec: dict[str, Any]) -> None:
         if time.time() > deadline - 20:
             emit({"kind": "learner_microbench", "variant": name, "skipped": "out of time"}, spec.get("out"))
             continue
-        rec: dict[str, Any] = {"kind": "learner_microbench", "shape": spec.get("shape"), "variant": name,
-                               "flags": flags, "card": card, "peak_flops": peak, "device": device}
+        rec: dict[str, Any] = {
+            "kind": "learner_microbench",
+            "shape": spec.get("shape"),
+            "variant": name,
+            "flags": flags,
+            "card": card,
+            "peak_flops": peak,
+            "device": device,
+        }
         try:
             cfg = parse_train_args(spec["argv"] + shlex.split(flags)).experiment
             stream = PromptStream(cfg, tok)
             G, M, V = cfg.generation.num_samples, cfg.generation.max_new_tokens, facts["vocab"]
             plens = [len(stream.next_request().prompt_token_ids) for _ in range(spec["samples"] // G + 1)]
             rng = random.Random(0)
-            inputs = [PackInput(i, [rng.randrange(2, V) for _ in range(plens[i // G])],
-                                [rng.randrange(2, V) for _ in range(M)], [-12.0] * M, 1.0 if i % 2 else -1.0)
-                      for i in range(spec["samples"])]
+            inputs = [
+                PackInput(
+                    i,
+                    [rng.randrange(2, V) for _ in range(plens[i // G])],
+                    [rng.randrange(2, V) for _ in range(M)],
+                    [-12.0] * M,
+                    1.0 if i % 2 else -1.0,
+                )
+                for i in range(spec["samples"])
+            ]
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-            pb = build_packed_batches(inputs, pack_length=cfg.learner.pack_length, num_ranks=1,
-                                      micro_batch_rows=cfg.learner.micro_batch_rows, pad_token_id=pad)[0]
+            pb = build_packed_batches(
+                inputs,
+                pack_length=cfg.learner.pack_length,
+                num_ranks=1,
+                micro_batch_rows=cfg.learner.micro_batch_rows,
+                pad_token_id=pad,
+            )[0]
             tokens = sum(x.num_tokens for x in inputs)
             t = time.perf_counter()
             w = LearnerWorker(cfg, spec["model_dir"], 0, 1, "127.0.0.1", port, device=device)
@@ -250,21 +303,35 @@ def run_variants(spec: dict[str, Any]) -> None:
             fwd = time.perf_counter() - t
             train_s = sum(times[1:]) / len(times[1:])
             seq = tokens / len(inputs)
-            rec.update({"samples": len(inputs), "tokens": tokens, "rows": sum(mb.input_ids.shape[0] for mb in pb.micro_batches),
-                        "micro_batches": len(pb.micro_batches), "pack_length": cfg.learner.pack_length,
-                        "micro_batch_rows": cfg.learner.micro_batch_rows, "zero_stage": cfg.learner.zero_stage,
-                        "gradient_checkpointing": cfg.model.gradient_checkpointing,
-                        "fused_head": cfg.learner.fused_head, "compile": cfg.learner.compile, "logprob_chunk_size": cfg.learner.logprob_chunk_size,
-                        "attn_implementation": str(getattr(w.model.config, "_attn_implementation", "?")),
-                        "train_s": round(train_s, 3), "train_s_all": [round(x, 3) for x in times],
-                        "tokens_per_s": round(tokens / train_s, 1),
-                        "mfu": rnd(mfu(facts, tokens, seq, train_s, 1, peak)),
-                        "forward_logprobs_s": round(fwd, 3), "forward_mfu": rnd(mfu(facts, tokens, seq, fwd, 1, peak, 2)),
-                        "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
-                        "padding_waste": rnd(1 - pb.metrics.get("perf/padded_token_efficiency", float("nan"))),
-                        "packing_efficiency": rnd(pb.metrics.get("perf/packing_efficiency", float("nan")))})
+            rec.update(
+                {
+                    "samples": len(inputs),
+                    "tokens": tokens,
+                    "rows": sum(mb.input_ids.shape[0] for mb in pb.micro_batches),
+                    "micro_batches": len(pb.micro_batches),
+                    "pack_length": cfg.learner.pack_length,
+                    "micro_batch_rows": cfg.learner.micro_batch_rows,
+                    "zero_stage": cfg.learner.zero_stage,
+                    "gradient_checkpointing": cfg.model.gradient_checkpointing,
+                    "fused_head": cfg.learner.fused_head,
+                    "compile": cfg.learner.compile,
+                    "logprob_chunk_size": cfg.learner.logprob_chunk_size,
+                    "attn_implementation": str(getattr(w.model.config, "_attn_implementation", "?")),
+                    "train_s": round(train_s, 3),
+                    "train_s_all": [round(x, 3) for x in times],
+                    "tokens_per_s": round(tokens / train_s, 1),
+                    "mfu": rnd(mfu(facts, tokens, seq, train_s, 1, peak)),
+                    "forward_logprobs_s": round(fwd, 3),
+                    "forward_mfu": rnd(mfu(facts, tokens, seq, fwd, 1, peak, 2)),
+                    "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if device == "cuda" else None,
+                    "padding_waste": rnd(1 - pb.metrics.get("perf/padded_token_efficiency", float("nan"))),
+                    "packing_efficiency": rnd(pb.metrics.get("perf/packing_efficiency", float("nan"))),
+                }
+            )
             if device == "cuda" and name in spec.get("profile", []):
-                emit({**profile_step(w, pb), "shape": spec.get("shape"), "variant": name, "card": card}, spec.get("out"))
+                emit(
+                    {**profile_step(w, pb), "shape": spec.get("shape"), "variant": name, "card": card}, spec.get("out")
+                )
             del w
         except (Exception, SystemExit) as e:  # one variant failing (OOM, bad flag) must not stop the rest
             rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
@@ -281,8 +348,11 @@ def parse_variants(text: str) -> list[tuple[str, str]]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
-    p.add_argument("--variants", default=f"before={BEFORE};now=",
-                   help="';'-separated NAME=FLAGS (rlvr train flags on top of configs/gpu-2x.yaml)")
+    p.add_argument(
+        "--variants",
+        default=f"before={BEFORE};now=",
+        help="';'-separated NAME=FLAGS (rlvr train flags on top of configs/gpu-2x.yaml)",
+    )
     p.add_argument("--profile", default="", help="comma-separated variant names to profile once")
     p.add_argument("--samples", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=512)
@@ -306,11 +376,23 @@ def main() -> int:
         model_dir = f"/tmp/rlvr-bench-model-{shape}"
         build_shaped_model_dir(shape, list(builtin_corpus("copy4")), model_dir, 0)
         facts = model_facts(model_dir)
-        run_variants({"argv": train_argv(model_dir, a.max_new_tokens, a.group_size), "model_dir": model_dir,
-                      "card": card, "facts": facts, "peak": peak_for(card), "variants": parse_variants(a.variants),
-                      "samples": a.samples, "reps": a.reps, "timeout_s": a.budget_s, "pack_length": 4096,
-                      "shape": shape, "profile": [x for x in a.profile.split(",") if x],
-                      "out": str(out) if out else None})
+        run_variants(
+            {
+                "argv": train_argv(model_dir, a.max_new_tokens, a.group_size),
+                "model_dir": model_dir,
+                "card": card,
+                "facts": facts,
+                "peak": peak_for(card),
+                "variants": parse_variants(a.variants),
+                "samples": a.samples,
+                "reps": a.reps,
+                "timeout_s": a.budget_s,
+                "pack_length": 4096,
+                "shape": shape,
+                "profile": [x for x in a.profile.split(",") if x],
+                "out": str(out) if out else None,
+            }
+        )
     return 0
 
 

@@ -58,7 +58,7 @@ def read_dataset_curves(run_dir: Path) -> dict[str, list[list[float]]]:
             rec = json.loads(line)
             for key, value in rec.items():
                 if key.startswith("eval/dataset/") and key.endswith("/pass@1"):
-                    name = key[len("eval/dataset/"):-len("/pass@1")]
+                    name = key[len("eval/dataset/") : -len("/pass@1")]
                     reward = rec.get(f"eval/dataset/{name}/reward/total_mean", value)
                     short = name.removeprefix("builtin:")
                     curves.setdefault(short, {})[int(rec["step"])] = (float(reward), float(value))
@@ -66,8 +66,12 @@ def read_dataset_curves(run_dir: Path) -> dict[str, list[list[float]]]:
 
 
 def _summary(curve: list[list[float]]) -> dict[str, Any]:
-    return {"curve": curve, "pass@1_start": curve[0][2] if curve else None, "pass@1": curve[-1][2] if curve else None,
-            "gain": round(curve[-1][2] - curve[0][2], 4) if len(curve) >= 2 else None}
+    return {
+        "curve": curve,
+        "pass@1_start": curve[0][2] if curve else None,
+        "pass@1": curve[-1][2] if curve else None,
+        "gain": round(curve[-1][2] - curve[0][2], 4) if len(curve) >= 2 else None,
+    }
 
 
 def _targets_met(config: str | None, by_dataset: dict[str, dict[str, Any]]) -> bool | None:
@@ -97,9 +101,21 @@ def run_one(config: str | None, seed: int, out_dir: Path, extra: list[str]) -> d
     argv = [sys.executable, "-m", "rlvr.cli", "train"]
     if config:
         argv += ["--config", config]
-    argv += ["--seed", str(seed), "--checkpoint.output-dir", str(out_dir), "--logging.run-name", name,
-             "--checkpoint.save-final", "False", "--checkpoint.resume", "never",
-             "--logging.console-progress", "False", *extra]
+    argv += [
+        "--seed",
+        str(seed),
+        "--checkpoint.output-dir",
+        str(out_dir),
+        "--logging.run-name",
+        name,
+        "--checkpoint.save-final",
+        "False",
+        "--checkpoint.resume",
+        "never",
+        "--logging.console-progress",
+        "False",
+        *extra,
+    ]
     t0 = time.perf_counter()
     log = out_dir / f"{name}.log"
     with open(log, "w") as f:
@@ -119,17 +135,34 @@ def run_one(config: str | None, seed: int, out_dir: Path, extra: list[str]) -> d
     if by_dataset:
         headline = next(iter(TARGETS.get(Path(config or "").name) or by_dataset))  # first target set, else first set
         h = by_dataset.get(headline, {})
-        res = {"headline": headline, "curve": h.get("curve", []), "pass@1": h.get("pass@1"), "gain": h.get("gain"),
-               "by_dataset": by_dataset, "wall_s": round(wall, 1), "rc": proc.returncode}
+        res = {
+            "headline": headline,
+            "curve": h.get("curve", []),
+            "pass@1": h.get("pass@1"),
+            "gain": h.get("gain"),
+            "by_dataset": by_dataset,
+            "wall_s": round(wall, 1),
+            "rc": proc.returncode,
+        }
         met = _targets_met(config, by_dataset)
-        res["solved"] = bool(met) if met is not None else bool(
-            res["pass@1"] is not None and res["gain"] is not None and res["pass@1"] >= SOLVED_PASS_AT_1)
+        res["solved"] = (
+            bool(met)
+            if met is not None
+            else bool(res["pass@1"] is not None and res["gain"] is not None and res["pass@1"] >= SOLVED_PASS_AT_1)
+        )
         return res
     final_pass = curve[-1][2] if curve else None
     gain = round(curve[-1][1] - curve[0][1], 4) if len(curve) >= 2 else None
-    return {"curve": curve, "pass@1": final_pass, "gain": gain, "wall_s": round(wall, 1), "rc": proc.returncode,
-            "solved": bool(final_pass is not None and gain is not None and final_pass >= SOLVED_PASS_AT_1
-                           and gain >= SOLVED_GAIN)}
+    return {
+        "curve": curve,
+        "pass@1": final_pass,
+        "gain": gain,
+        "wall_s": round(wall, 1),
+        "rc": proc.returncode,
+        "solved": bool(
+            final_pass is not None and gain is not None and final_pass >= SOLVED_PASS_AT_1 and gain >= SOLVED_GAIN
+        ),
+    }
 
 
 def main() -> None:
@@ -137,25 +170,38 @@ def main() -> None:
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+        argv, extra = argv[:i], argv[i + 1 :]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--config", default=None,
-                    help="preset (default: configs/gpu-demo.yaml on cuda; the built-in demo on cpu)")
+    ap.add_argument(
+        "--config", default=None, help="preset (default: configs/gpu-demo.yaml on cuda; the built-in demo on cpu)"
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--output-dir", default=None, help="parent of the run directories (default: a temp dir)")
     ap.add_argument("--out", default=None, help="also append each JSON line to this file")
-    ap.add_argument("--parallel", action="store_true",
-                    help="run the seeds side by side (one process each, started --stagger-s apart) on the same GPU")
+    ap.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run the seeds side by side (one process each, started --stagger-s apart) on the same GPU",
+    )
     ap.add_argument("--stagger-s", type=float, default=40.0)
     args = ap.parse_args(argv)
     config = args.config or ("configs/gpu-demo.yaml" if args.device == "cuda" else None)
     out_dir = Path(args.output_dir or tempfile.mkdtemp(prefix="rlvr-learning-")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     the_card = card(args.device)
+
     def report(seed: int, res: dict[str, Any]) -> None:
-        line = json.dumps({"card": the_card, "config": config or "default (configs/tiny-cpu.yaml)",
-                           "extra_flags": extra, "seed": seed, "parallel": args.parallel, **res})
+        line = json.dumps(
+            {
+                "card": the_card,
+                "config": config or "default (configs/tiny-cpu.yaml)",
+                "extra_flags": extra,
+                "seed": seed,
+                "parallel": args.parallel,
+                **res,
+            }
+        )
         print(line, flush=True)
         if args.out:
             with open(args.out, "a") as f:

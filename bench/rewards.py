@@ -65,10 +65,21 @@ def main() -> None:
     items = make_items(args.num)
     one, correct = throughput(items, 1)
     many, _ = throughput(items, args.workers)
-    print(json.dumps({"bench": "rewards.pool.math", "num_completions": args.num, "completions_per_s_1_worker": round(one, 1),
-                      f"completions_per_s_{args.workers}_workers": round(many, 1), "num_workers": args.workers,
-                      "speedup": round(many / one, 2), "correct_rate": round(correct, 3), "cpus": os.cpu_count(),
-                      "python": platform.python_version()}))
+    print(
+        json.dumps(
+            {
+                "bench": "rewards.pool.math",
+                "num_completions": args.num,
+                "completions_per_s_1_worker": round(one, 1),
+                f"completions_per_s_{args.workers}_workers": round(many, 1),
+                "num_workers": args.workers,
+                "speedup": round(many / one, 2),
+                "correct_rate": round(correct, 3),
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
 def _is_type_checking(node: ast.If) -> bool:
     t = node.test
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
-        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(path: Path, module_level_only: bool) -> list[str]:
@@ -65,14 +66,24 @@ def _imports(path: Path, module_level_only: bool) -> list[str]:
                 for field in ("body", "orelse", "finalbody", "handlers"):
                     child = getattr(node, field, None)
                     if isinstance(child, list):
-                        visit([c for c in child if isinstance(c, ast.stmt)] if field != "handlers"
-                              else [s for h in child for s in h.body])
+                        visit(
+                            [c for c in child if isinstance(c, ast.stmt)]
+                            if field != "handlers"
+                            else [s for h in child for s in h.body]
+                        )
 
     visit(tree.body)
     if not module_level_only:  # importlib.import_module("rlvr.x") with a literal name is an import too
-        found.extend(n.args[0].value for n in ast.walk(tree)
-                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "import_module"
-                     and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str))
+        found.extend(
+            n.args[0].value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "import_module"
+            and n.args
+            and isinstance(n.args[0], ast.Constant)
+            and isinstance(n.args[0].value, str)
+        )
     return found
 
 
@@ -90,15 +101,23 @@ def _top(name: str) -> str:
 
 @pytest.mark.parametrize("root", ["rlvr/algorithms", "rlvr/rewards", "rlvr/config"])
 def test_pure_layers_import_no_ray_vllm_or_deepspeed(root: str) -> None:
-    bad = {f"{p.relative_to(ROOT)}: {n}" for p in _files(root) for n in _imports(p, module_level_only=False)
-           if _top(n) in ("ray", "vllm", "deepspeed")}
+    bad = {
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in _files(root)
+        for n in _imports(p, module_level_only=False)
+        if _top(n) in ("ray", "vllm", "deepspeed")
+    }
     assert not bad, sorted(bad)
 
 
 def test_lower_layers_do_not_import_orchestration() -> None:
     files = _files("rlvr/algorithms", "rlvr/rewards", "rlvr/config", "rlvr/data", "rlvr/rollout/base.py")
-    bad = {f"{p.relative_to(ROOT)}: {n}" for p in files for n in _imports(p, module_level_only=False)
-           if n == "rlvr.orchestration" or n.startswith("rlvr.orchestration.")}
+    bad = {
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in files
+        for n in _imports(p, module_level_only=False)
+        if n == "rlvr.orchestration" or n.startswith("rlvr.orchestration.")
+    }
     assert not bad, sorted(bad)
 
 

@@ -12,11 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _table() -> tuple[list[int], dict[str, list[str]]]:
     text = (ROOT / "README.md").read_text()
-    section = text[text.index("### The demo"):text.index("## Commands")]
+    section = text[text.index("### The demo") : text.index("## Commands")]
     header = next(line for line in section.splitlines() if line.startswith("| step |"))
     steps = [int(c) for c in header.strip("|").split("|")[1:-1]]
-    rows = {m.group(1): [c.strip() for c in m.group(2).strip("|").split("|")]
-            for m in re.finditer(r"^\| seed (\d+) \|(.*)$", section, re.M)}
+    rows = {
+        m.group(1): [c.strip() for c in m.group(2).strip("|").split("|")]
+        for m in re.finditer(r"^\| seed (\d+) \|(.*)$", section, re.M)
+    }
     return steps, rows
 
 

@@ -124,7 +124,9 @@ def assign_group_advantages(groups: Sequence[Group], config: AdvantageConfig = A
         group.advantages = advantages_NG[n, : group.num_samples].tolist()
     valid_adv = advantages_NG[valid_NG]
     return {
-        "data/num_unscored_samples": float((~valid_NG).sum() - (rewards_NG.numel() - sum(g.num_samples for g in groups))),
+        "data/num_unscored_samples": float(
+            (~valid_NG).sum() - (rewards_NG.numel() - sum(g.num_samples for g in groups))
+        ),
         "data/advantage_mean": float(valid_adv.mean()) if valid_adv.numel() else 0.0,
         "data/advantage_abs_mean": float(valid_adv.abs().mean()) if valid_adv.numel() else 0.0,
     }

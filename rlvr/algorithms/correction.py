@@ -84,7 +84,9 @@ def importance_weights(
             raise ValueError("tis_mode 'sequence_mask' needs sample_ids to find sequence boundaries")
         index, num_segments = segment_index(sample_ids)
         seq_log_ratio = segment_sum(log_ratio, index, num_segments).clamp(-_LOG_CLAMP, _LOG_CLAMP)
-        keep_seq = (seq_log_ratio >= math.log(max(config.tis_min, 1e-300))) & (seq_log_ratio <= math.log(config.tis_cap))
+        keep_seq = (seq_log_ratio >= math.log(max(config.tis_min, 1e-300))) & (
+            seq_log_ratio <= math.log(config.tis_cap)
+        )
         keep = segment_broadcast(keep_seq.to(ratio.dtype), index) > 0
         weights = keep.to(ratio.dtype)
         affected = (~keep).to(ratio.dtype)
@@ -94,7 +96,9 @@ def importance_weights(
     weights = weights * m
     metrics["loss/tis_clipped_frac"] = float((affected * m).sum()) / num_tokens
     metrics["loss/tis_weight_mean"] = float(weights.sum()) / num_tokens
-    metrics["loss/tis_ratio_max"] = float(torch.where(m > 0, ratio, torch.zeros_like(ratio)).max()) if m.numel() else 0.0
+    metrics["loss/tis_ratio_max"] = (
+        float(torch.where(m > 0, ratio, torch.zeros_like(ratio)).max()) if m.numel() else 0.0
+    )
     return weights.detach(), metrics
 
 

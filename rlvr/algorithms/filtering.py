@@ -23,7 +23,9 @@ from rlvr.algorithms.advantages import rewards_to_tensor
 from rlvr.types import Group
 
 
-def informative_groups(rewards_NG: torch.Tensor, valid_NG: torch.Tensor | None = None, atol: float = 0.0) -> torch.Tensor:
+def informative_groups(
+    rewards_NG: torch.Tensor, valid_NG: torch.Tensor | None = None, atol: float = 0.0
+) -> torch.Tensor:
     """Bool [num_groups]: True where the group's valid rewards have non-zero spread (> atol)."""
     valid = ~torch.isnan(rewards_NG)
     if valid_NG is not None:
@@ -54,7 +56,9 @@ def classify_groups(
 def _group_tensors(groups: Sequence[Group]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     for group in groups:
         if len(group.rewards) != group.num_samples:
-            raise ValueError(f"group {group.prompt_id} has {group.num_samples} samples but {len(group.rewards)} rewards")
+            raise ValueError(
+                f"group {group.prompt_id} has {group.num_samples} samples but {len(group.rewards)} rewards"
+            )
     rewards_NG, valid_NG = rewards_to_tensor([[r.total for r in g.rewards] for g in groups])
     correct_NG = torch.zeros_like(valid_NG)
     for n, group in enumerate(groups):
@@ -67,8 +71,12 @@ def _group_tensors(groups: Sequence[Group]) -> tuple[torch.Tensor, torch.Tensor,
 def filter_groups(groups: Sequence[Group], atol: float = 0.0) -> tuple[list[Group], dict[str, float]]:
     """Split off zero-variance groups; returns (kept groups, `data/` count metrics)."""
     if not groups:
-        return [], {"data/groups_kept": 0.0, "data/groups_all_correct": 0.0, "data/groups_all_wrong": 0.0,
-                    "data/groups_other_zero_variance": 0.0}
+        return [], {
+            "data/groups_kept": 0.0,
+            "data/groups_all_correct": 0.0,
+            "data/groups_all_wrong": 0.0,
+            "data/groups_other_zero_variance": 0.0,
+        }
     classes = classify_groups(*_group_tensors(groups), atol=atol)
     kept = [g for g, keep in zip(groups, classes["kept"].tolist()) if keep]
     metrics = {

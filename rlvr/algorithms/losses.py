@@ -89,16 +89,20 @@ class LossConfig:
         if self.clip_delta is not None and self.clip_delta <= 1.0 + self.clip_eps_high:
             # Dual clip bounds a negative-advantage token's loss at delta * |A|; a delta inside the trust region
             # (<= 1 + eps_high) would cut the gradient of tokens whose ratio the ordinary clip still allows.
-            raise ValueError(f"clip_delta (dual clip) must be > 1 + clip_eps_high = {1.0 + self.clip_eps_high}, "
-                             f"got {self.clip_delta} (flag --algorithm.clip-delta)")
+            raise ValueError(
+                f"clip_delta (dual clip) must be > 1 + clip_eps_high = {1.0 + self.clip_eps_high}, "
+                f"got {self.clip_delta} (flag --algorithm.clip-delta)"
+            )
         if self.clip_eps_low < 0 or self.clip_eps_high < 0:
             raise ValueError("clip_eps_low and clip_eps_high must be >= 0")
 
     @classmethod
     def from_config(cls, algorithm: AlgorithmConfig, max_completion_length: int | None = None) -> LossConfig:
         """The loss settings of `cfg.algorithm`; pass `cfg.generation.max_new_tokens` as the Dr. GRPO length."""
-        return cls(max_completion_length=max_completion_length,
-                   **{f.name: getattr(algorithm, f.name) for f in fields(cls) if f.name != "max_completion_length"})
+        return cls(
+            max_completion_length=max_completion_length,
+            **{f.name: getattr(algorithm, f.name) for f in fields(cls) if f.name != "max_completion_length"},
+        )
 
 
 def _clipped(ratio: torch.Tensor, advantages: torch.Tensor, config: LossConfig) -> torch.Tensor:
@@ -183,8 +187,13 @@ def _ratio_metrics(
     m = mask.bool()
     r, a = ratio.detach()[m], advantages.detach()[m]
     if r.numel() == 0:
-        return {"loss/ratio_mean": 1.0, "loss/ratio_min": 1.0, "loss/ratio_max": 1.0,
-                "loss/clip_frac_low": 0.0, "loss/clip_frac_high": 0.0}
+        return {
+            "loss/ratio_mean": 1.0,
+            "loss/ratio_min": 1.0,
+            "loss/ratio_max": 1.0,
+            "loss/clip_frac_low": 0.0,
+            "loss/clip_frac_high": 0.0,
+        }
     n = float(r.numel())
     if config.loss == "cispo":
         low, high = torch.zeros_like(r, dtype=torch.bool), r > config.cispo_eps_max

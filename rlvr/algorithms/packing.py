@@ -37,8 +37,13 @@ from rlvr.telemetry.reduce import MetricReducer, Reduction
 from rlvr.types import Group, MicroBatch, PackedBatch
 
 PACKING_REDUCTIONS: dict[str, Reduction] = {
-    "perf/packing_efficiency": "mean", "perf/padded_token_efficiency": "mean", "perf/num_packed_rows": "sum",
-    "perf/micro_batches_per_rank": "sum", "perf/dummy_micro_batches": "sum", "perf/rank_token_imbalance": "max"}
+    "perf/packing_efficiency": "mean",
+    "perf/padded_token_efficiency": "mean",
+    "perf/num_packed_rows": "sum",
+    "perf/micro_batches_per_rank": "sum",
+    "perf/dummy_micro_batches": "sum",
+    "perf/rank_token_imbalance": "max",
+}
 """How `build_packed_batches`' metrics combine over the mini-batches of a step (`pack_step`): rows and micro-batches
 add up (each rank runs all its mini-batches' micro-batches), the efficiencies average (weighted by rows), the
 worst imbalance counts."""
@@ -69,8 +74,14 @@ def pack_inputs_from_groups(groups: Sequence[Group], first_id: int = 0) -> list[
         masks = group.loss_masks or [True] * group.num_samples
         for sample, advantage, in_loss in zip(group.samples, group.advantages, masks):
             inputs.append(
-                PackInput(first_id + len(inputs), sample.prompt_token_ids, sample.completion_token_ids, sample.logprobs,
-                          float(advantage), bool(in_loss))
+                PackInput(
+                    first_id + len(inputs),
+                    sample.prompt_token_ids,
+                    sample.completion_token_ids,
+                    sample.logprobs,
+                    float(advantage),
+                    bool(in_loss),
+                )
             )
     return inputs
 
@@ -79,8 +90,10 @@ def first_fit_decreasing(lengths: Sequence[int], pack_length: int) -> list[list[
     """Bins of item indices, each bin's total length <= pack_length (FFD, O(n log n) with a max-tree)."""
     for i, length in enumerate(lengths):
         if length > pack_length:
-            raise ValueError(f"sample {i} has {length} tokens > pack_length {pack_length}; raise learner.pack_length "
-                             "or lower data.max_prompt_tokens / generation.max_new_tokens")
+            raise ValueError(
+                f"sample {i} has {length} tokens > pack_length {pack_length}; raise learner.pack_length "
+                "or lower data.max_prompt_tokens / generation.max_new_tokens"
+            )
         if length <= 0:
             raise ValueError(f"sample {i} has {length} tokens; samples must not be empty")
     size = 1
@@ -161,8 +174,10 @@ def _row_tensors(
     for item in row:
         num_prompt, num_completion = len(item.prompt_token_ids), len(item.completion_token_ids)
         if len(item.completion_logprobs) != num_completion:
-            raise ValueError(f"sample {item.sample_id}: {len(item.completion_logprobs)} logprobs for "
-                             f"{num_completion} completion tokens")
+            raise ValueError(
+                f"sample {item.sample_id}: {len(item.completion_logprobs)} logprobs for "
+                f"{num_completion} completion tokens"
+            )
         end = offset + item.num_tokens
         ids[offset:end] = torch.tensor(list(item.prompt_token_ids) + list(item.completion_token_ids), dtype=torch.long)
         pos[offset:end] = torch.arange(item.num_tokens)
@@ -182,14 +197,18 @@ def _row_tensors(
     return [ids, pos, adv, gen, mask, sid], cu
 
 
-def _micro_batch(
-    rows: Sequence[Sequence[PackInput]], length: int, pad_token_id: int, dtype: torch.dtype
-) -> MicroBatch:
+def _micro_batch(rows: Sequence[Sequence[PackInput]], length: int, pad_token_id: int, dtype: torch.dtype) -> MicroBatch:
     built = [_row_tensors(row, length, pad_token_id, dtype) for row in rows]
     ids, pos, adv, gen, mask, sid = (torch.stack([b[0][k] for b in built]) for k in range(6))
     return MicroBatch(
-        input_ids=ids, position_ids=pos, advantages=adv, engine_logprobs=gen, loss_mask=mask, sample_ids=sid,
-        cu_seqlens=[b[1] for b in built], num_samples=sum(len(r) for r in rows),
+        input_ids=ids,
+        position_ids=pos,
+        advantages=adv,
+        engine_logprobs=gen,
+        loss_mask=mask,
+        sample_ids=sid,
+        cu_seqlens=[b[1] for b in built],
+        num_samples=sum(len(r) for r in rows),
         num_tokens=sum(item.num_tokens for r in rows for item in r),
     )
 
@@ -217,7 +236,9 @@ def build_packed_batches(
         ordered = sorted(rank_rows, key=lambda r: (-row_lengths[r], r))  # similar lengths share a micro-batch
         per_rank_chunks.append([ordered[i : i + micro_batch_rows] for i in range(0, len(ordered), micro_batch_rows)])
     num_micro_batches = max(1, max(len(chunks) for chunks in per_rank_chunks))
-    dummy = _micro_batch([[]], min(max(2, pad_multiple), pack_length), pad_token_id, dtype)  # 2 tokens: runs the lm_head
+    dummy = _micro_batch(
+        [[]], min(max(2, pad_multiple), pack_length), pad_token_id, dtype
+    )  # 2 tokens: runs the lm_head
     ranks_mbs: list[list[MicroBatch]] = []
     for chunks in per_rank_chunks:
         mbs = []
@@ -240,8 +261,13 @@ def build_packed_batches(
         "perf/rank_token_imbalance": _imbalance([sum(row_lengths[r] for r in rows) for rows in per_rank_rows]),
     }
     return [
-        PackedBatch(micro_batches=mbs, global_num_loss_tokens=num_loss_tokens, global_num_samples=num_samples,
-                    pack_length=pack_length, metrics=dict(metrics))
+        PackedBatch(
+            micro_batches=mbs,
+            global_num_loss_tokens=num_loss_tokens,
+            global_num_samples=num_samples,
+            pack_length=pack_length,
+            metrics=dict(metrics),
+        )
         for mbs in ranks_mbs
     ]
 
@@ -252,8 +278,15 @@ def _imbalance(tokens_per_rank: Sequence[int]) -> float:
     return max(tokens_per_rank) / mean if mean else 1.0
 
 
-def pack_step(groups: Sequence[Group], *, num_mini_batches: int, pack_length: int, num_ranks: int = 1,
-              micro_batch_rows: int = 1, pad_token_id: int = 0) -> tuple[list[list[PackedBatch]], dict[str, float]]:
+def pack_step(
+    groups: Sequence[Group],
+    *,
+    num_mini_batches: int,
+    pack_length: int,
+    num_ranks: int = 1,
+    micro_batch_rows: int = 1,
+    pad_token_id: int = 0,
+) -> tuple[list[list[PackedBatch]], dict[str, float]]:
     """One training step: one PackedBatch per (rank, mini-batch), the mini-batches splitting the groups evenly
     (group j goes to mini-batch j mod n; sample ids unique over the step), and the packing metrics of all the
     mini-batches (`PACKING_REDUCTIONS`)."""
@@ -264,10 +297,16 @@ def pack_step(groups: Sequence[Group], *, num_mini_batches: int, pack_length: in
     for j in range(num_mb):
         inputs = pack_inputs_from_groups(groups[j::num_mb], first_id)
         first_id += len(inputs)
-        batches = build_packed_batches(inputs, pack_length=pack_length, num_ranks=num_ranks,
-                                       micro_batch_rows=micro_batch_rows, pad_token_id=pad_token_id)
+        batches = build_packed_batches(
+            inputs,
+            pack_length=pack_length,
+            num_ranks=num_ranks,
+            micro_batch_rows=micro_batch_rows,
+            pad_token_id=pad_token_id,
+        )
         for rank, pb in enumerate(batches):
             per_rank[rank].append(pb)
-        metrics.add_all(batches[0].metrics, PACKING_REDUCTIONS,
-                        weight=batches[0].metrics["perf/num_packed_rows"] or 1.0)
+        metrics.add_all(
+            batches[0].metrics, PACKING_REDUCTIONS, weight=batches[0].metrics["perf/num_packed_rows"] or 1.0
+        )
     return per_rank, metrics.result()

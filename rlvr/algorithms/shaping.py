@@ -43,11 +43,15 @@ class ShapingConfig:
     @classmethod
     def from_config(cls, algorithm: AlgorithmConfig, max_completion_length: int) -> ShapingConfig:
         """The shaping settings of `cfg.algorithm`, with `cfg.generation.max_new_tokens` as the length cap."""
-        return cls(max_completion_length, **{f.name: getattr(algorithm, f.name) for f in fields(cls)
-                                             if f.name != "max_completion_length"})
+        return cls(
+            max_completion_length,
+            **{f.name: getattr(algorithm, f.name) for f in fields(cls) if f.name != "max_completion_length"},
+        )
 
 
-def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer: int, scale: float = 1.0) -> torch.Tensor:
+def overlong_penalty(
+    lengths: torch.Tensor, max_completion_length: int, buffer: int, scale: float = 1.0
+) -> torch.Tensor:
     """DAPO soft overlong penalty per completion length (float tensor, <= 0); buffer 0 means off (all zeros)."""
     if buffer < 0 or buffer > max_completion_length:
         raise ValueError(f"overlong_buffer must be in [0, max_completion_length={max_completion_length}], got {buffer}")
@@ -97,7 +101,8 @@ def shape_group(group: Group, config: ShapingConfig) -> dict[str, float]:
         config,
     )
     group.rewards = [
-        RewardResult(r.scores, total, r.correct, r.status, r.error, r.elapsed_s) for r, total in zip(group.rewards, shaped)
+        RewardResult(r.scores, total, r.correct, r.status, r.error, r.elapsed_s)
+        for r, total in zip(group.rewards, shaped)
     ]
     group.loss_masks = loss_mask
     num_truncated = sum(s.finish_reason == "length" for s in group.samples)

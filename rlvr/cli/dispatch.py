@@ -42,8 +42,11 @@ def _train(argv: list[str]) -> int:
     if cmd.config is None:
         from rlvr.config.presets import DEMO_PRESET
 
-        print(f"rlvr train: no --config given: running the demo preset ({DEMO_PRESET}); `rlvr train --help` "
-              "lists what it changes from the defaults", file=sys.stderr)
+        print(
+            f"rlvr train: no --config given: running the demo preset ({DEMO_PRESET}); `rlvr train --help` "
+            "lists what it changes from the defaults",
+            file=sys.stderr,
+        )
     if cmd.dry_run:
         sys.stdout.write(to_yaml(cmd.experiment))
         return 0
@@ -89,9 +92,13 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: rlvr {" + ",".join(SUBCOMMANDS) + "} [--help] ...", "",
-             "rlvr: reinforcement learning from verifiable rewards (GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO).", "",
-             "commands:"]
+    lines = [
+        "usage: rlvr {" + ",".join(SUBCOMMANDS) + "} [--help] ...",
+        "",
+        "rlvr: reinforcement learning from verifiable rewards (GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO).",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<10} {text}" for name, text in SUBCOMMANDS.items()]
     lines += ["", "Run `rlvr <command> --help` for the command's flags. `rlvr train` alone runs the tiny CPU demo."]
     return "\n".join(lines)

@@ -80,8 +80,14 @@ def parse(cls: type[T], argv: list[str], prog: str, description: str | None, **k
 
     flags = bool_flags(cls)
     text = (description or "").rstrip() + (f"\n\n{BOOL_NOTE}" if flags else "")
-    return tyro.cli(cls, args=normalize_bool_flags(list(argv), flags), prog=prog, description=text,
-                    config=(tyro.conf.FlagConversionOff,), **kwargs)
+    return tyro.cli(
+        cls,
+        args=normalize_bool_flags(list(argv), flags),
+        prog=prog,
+        description=text,
+        config=(tyro.conf.FlagConversionOff,),
+        **kwargs,
+    )
 
 
 def reward_function_spec(item: str, flag: str = "--rewards.functions") -> dict[str, Any]:
@@ -91,8 +97,10 @@ def reward_function_spec(item: str, flag: str = "--rewards.functions") -> dict[s
 
     name, *pairs = [p.strip() for p in item.split(",")]
     if not name or "=" in name:
-        raise ValueError(f"{flag} {item!r}: expected NAME[,weight=W][,PARAM=VALUE]... (e.g. "
-                         "soft_overlong,weight=0.5,max_tokens=512); `rlvr reward --list` shows names and params")
+        raise ValueError(
+            f"{flag} {item!r}: expected NAME[,weight=W][,PARAM=VALUE]... (e.g. "
+            "soft_overlong,weight=0.5,max_tokens=512); `rlvr reward --list` shows names and params"
+        )
     out: dict[str, Any] = {"name": name, "weight": 1.0, "params": {}}
     for pair in pairs:
         key, eq, raw = pair.partition("=")
@@ -111,4 +119,3 @@ def reward_function_spec(item: str, flag: str = "--rewards.functions") -> dict[s
         else:
             out["params"][key] = value
     return out
-

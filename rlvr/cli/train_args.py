@@ -36,10 +36,12 @@ def train_description(with_config: bool) -> str:
     """`rlvr train --help`'s text: which defaults the flags show, and what the demo preset changes."""
     if with_config:
         return f"{TrainCommand.__doc__}\n\nDefaults shown are the values of the --config file."
-    return (f"{TrainCommand.__doc__}\n\nDefaults shown are the code defaults: what a config file gets for any field "
-            f"it leaves out (the README's config reference lists the same). `rlvr train` without --config runs "
-            f"the demo preset {DEMO_PRESET} (built in; a tiny model learns a copy task on CPU), which is these "
-            f"defaults plus: {demo_flags()}")
+    return (
+        f"{TrainCommand.__doc__}\n\nDefaults shown are the code defaults: what a config file gets for any field "
+        f"it leaves out (the README's config reference lists the same). `rlvr train` without --config runs "
+        f"the demo preset {DEMO_PRESET} (built in; a tiny model learns a copy task on CPU), which is these "
+        f"defaults plus: {demo_flags()}"
+    )
 
 
 def _extract_config_path(argv: list[str]) -> str | None:
@@ -58,8 +60,13 @@ def parse_train_args(argv: list[str]) -> TrainCommand:
     path = path if path and path != "None" else None
     helping = any(a in ("-h", "--help") for a in argv)
     base = from_dict(read_yaml(path)) if path else ExperimentConfig() if helping else default_config()
-    cmd = parse(TrainCommand, argv, "rlvr train", train_description(path is not None),
-                default=TrainCommand(experiment=base, config=path))
+    cmd = parse(
+        TrainCommand,
+        argv,
+        "rlvr train",
+        train_description(path is not None),
+        default=TrainCommand(experiment=base, config=path),
+    )
     if cmd.reward_functions is not None:
         try:
             specs = [reward_function_spec(item) for item in cmd.reward_functions]

@@ -151,8 +151,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                validate_config: bool = True) -> ExperimentConfig:
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, validate_config: bool = True
+) -> ExperimentConfig:
     """Load a YAML preset (or the built-in tiny CPU default when `path` is None), apply a nested dict of
     overrides, and validate. The public entry point: `from rlvr import load_config`."""
     cfg = from_dict(read_yaml(path)) if path is not None else default_config()

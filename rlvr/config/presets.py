@@ -40,8 +40,9 @@ def default_config() -> ExperimentConfig:
     """
     return ExperimentConfig(
         model=ModelConfig(path="builtin:tiny", dtype="float32", tiny_vocab_size=0),
-        data=DataConfig(datasets=["builtin:copy4"], apply_chat_template=False, max_prompt_tokens=32,
-                        num_builtin_rows=6400),
+        data=DataConfig(
+            datasets=["builtin:copy4"], apply_chat_template=False, max_prompt_tokens=32, num_builtin_rows=6400
+        ),
         generation=GenerationConfig(num_samples=8, temperature=1.0, max_new_tokens=5),
         rollout=RolloutConfig(prompts_per_step=16, async_steps=1, filter_zero_variance=False),
         algorithm=AlgorithmConfig(entropy_coef=0.03, non_stop_penalty=0.0),
@@ -79,6 +80,7 @@ def demo_changes() -> dict[str, object]:
 
 def demo_flags() -> str:
     """The demo preset as flags over the code defaults: `--learner.lr 0.001 --num-steps 400 ...`."""
+
     def flag(key: str) -> str:
         *sections, name = key.split(".")
         return "--" + ".".join(sections + [name.replace("_", "-")])

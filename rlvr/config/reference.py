@@ -25,8 +25,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for prev, node in zip(body, body[1:]):
-        if (isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and isinstance(node, ast.Expr)
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+        if (
+            isinstance(prev, ast.AnnAssign)
+            and isinstance(prev.target, ast.Name)
+            and isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             docs[prev.target.id] = " ".join(node.value.value.split())
     return docs
 
@@ -52,8 +57,10 @@ def render() -> str:
     out.append("| flag | type | default | description |\n|---|---|---|---|")
     for f in dataclasses.fields(ExperimentConfig):
         if not dataclasses.is_dataclass(root_hints[f.name]):
-            out.append(f"| `--{f.name.replace('_', '-')}` | `{_type_name(root_hints[f.name])}` | `{_default(f)}` "
-                       f"| {root_docs.get(f.name, '')} |")
+            out.append(
+                f"| `--{f.name.replace('_', '-')}` | `{_type_name(root_hints[f.name])}` | `{_default(f)}` "
+                f"| {root_docs.get(f.name, '')} |"
+            )
     for f in dataclasses.fields(ExperimentConfig):
         cls = root_hints[f.name]
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):

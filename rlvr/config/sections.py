@@ -267,8 +267,9 @@ class LearnerConfig:
     lora_dropout: float = 0.0
     """Dropout on the adapter's input (PEFT's `lora_dropout`). Keep 0 for RL: with dropout the learner's log-probs
     no longer match the engine's (the learner runs without dropout everywhere else)."""
-    lora_target_modules: list[str] = field(default_factory=lambda: [
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Module names (suffixes) that get adapters: by default the attention and MLP projections of Llama/Qwen-style
     models (what vLLM serves LoRA on)."""
 

@@ -9,8 +9,20 @@ from rlvr.data.sources import BadRow, DataError, LoadedDataset, dataset_name, lo
 from rlvr.data.tasks import BUILTIN_TASKS, COPY_VERIFIER, builtin_corpus, builtin_rows, copy_reward
 
 __all__ = [
-    "BUILTIN_TASKS", "COPY_VERIFIER", "BadRow", "DataError", "LoadedDataset", "PromptStream",
-    "apply_chat_template_override", "builtin_corpus", "builtin_rows",
-    "copy_reward", "dataset_name", "eval_requests", "load_dataset_rows", "load_rows", "prompt_seed",
+    "BUILTIN_TASKS",
+    "COPY_VERIFIER",
+    "BadRow",
+    "DataError",
+    "LoadedDataset",
+    "PromptStream",
+    "apply_chat_template_override",
+    "builtin_corpus",
+    "builtin_rows",
+    "copy_reward",
+    "dataset_name",
+    "eval_requests",
+    "load_dataset_rows",
+    "load_rows",
+    "prompt_seed",
     "render_prompt",
 ]

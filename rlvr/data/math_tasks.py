@@ -71,9 +71,20 @@ def _arith_item(level: int, rng: random.Random) -> Item:
     return f"What is {expr}? {INSTRUCTION}", ans, expr
 
 
-_NAMES = [("Mia", "She", "her"), ("Leo", "He", "his"), ("Ava", "She", "her"), ("Sam", "He", "his"),
-          ("Zoe", "She", "her"), ("Omar", "He", "his"), ("Ivy", "She", "her"), ("Ben", "He", "his"),
-          ("Nora", "She", "her"), ("Raj", "He", "his"), ("Lina", "She", "her"), ("Tom", "He", "his")]
+_NAMES = [
+    ("Mia", "She", "her"),
+    ("Leo", "He", "his"),
+    ("Ava", "She", "her"),
+    ("Sam", "He", "his"),
+    ("Zoe", "She", "her"),
+    ("Omar", "He", "his"),
+    ("Ivy", "She", "her"),
+    ("Ben", "He", "his"),
+    ("Nora", "She", "her"),
+    ("Raj", "He", "his"),
+    ("Lina", "She", "her"),
+    ("Tom", "He", "his"),
+]
 _THINGS = ["stickers", "marbles", "apples", "pencils", "cards", "books", "shells", "cookies", "stamps", "coins"]
 
 
@@ -85,44 +96,58 @@ def _word_item(rng: random.Random) -> Item:
     if t == 0:
         a, b = r(5, 60), r(2, 30)
         c = r(1, a + b)
-        q = (f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to a friend. "
-             f"How many {thing} does {name} have now?")
+        q = (
+            f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to a friend. "
+            f"How many {thing} does {name} have now?"
+        )
         ans, nums = a + b - c, (a, b, c)
     elif t == 1:
         a, b = r(2, 9), r(2, 12)
         c = r(1, a * b)
-        q = (f"{name} buys {a} packs of {thing}. Each pack has {b} {thing}. {he} gives away {c} of them. "
-             f"How many {thing} does {name} have left?")
+        q = (
+            f"{name} buys {a} packs of {thing}. Each pack has {b} {thing}. {he} gives away {c} of them. "
+            f"How many {thing} does {name} have left?"
+        )
         ans, nums = a * b - c, (a, b, c)
     elif t == 2:
         a, b = r(2, 9), r(2, 9)
         c = next(x for x in (20, 50, 100) if x >= a * b)
-        q = (f"A shop sells notebooks for {a} dollars each. {name} buys {b} notebooks and pays with a "
-             f"{c}-dollar bill. How many dollars of change does {name} get?")
+        q = (
+            f"A shop sells notebooks for {a} dollars each. {name} buys {b} notebooks and pays with a "
+            f"{c}-dollar bill. How many dollars of change does {name} get?"
+        )
         ans, nums = c - a * b, (a, b, c)
     elif t == 3:
         a = r(5, 40)
-        q = (f"{name} reads {a} pages on Monday and twice as many pages on Tuesday. "
-             f"How many pages does {name} read in the two days?")
+        q = (
+            f"{name} reads {a} pages on Monday and twice as many pages on Tuesday. "
+            f"How many pages does {name} read in the two days?"
+        )
         ans, nums = 3 * a, (a,)
     elif t == 4:
         a = r(20, 99)
         b = r(1, a // 2)
         c = r(1, a - b)
-        q = (f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars on a book. "
-             f"How many dollars does {name} have left?")
+        q = (
+            f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars on a book. "
+            f"How many dollars does {name} have left?"
+        )
         ans, nums = a - b - c, (a, b, c)
     elif t == 5:
         b, per, c = r(2, 6), r(2, 9), r(1, 9)
         a = b * per
-        q = (f"There are {a} students in a class. They split into {b} equal groups, and then {c} more students "
-             f"join each group. How many students are in each group now?")
+        q = (
+            f"There are {a} students in a class. They split into {b} equal groups, and then {c} more students "
+            f"join each group. How many students are in each group now?"
+        )
         ans, nums = per + c, (a, b, c)
     elif t == 6:
         a, b = r(2, 15), r(2, 8)
         c = r(1, a * b)
-        q = (f"{name} saves {a} dollars every week for {b} weeks, then spends {c} dollars on a game. "
-             f"How many dollars does {name} have left?")
+        q = (
+            f"{name} saves {a} dollars every week for {b} weeks, then spends {c} dollars on a game. "
+            f"How many dollars does {name} have left?"
+        )
         ans, nums = a * b - c, (a, b, c)
     else:
         a, b = r(1, 20), r(1, 20)

@@ -52,8 +52,10 @@ def too_many_chars(row: dict[str, Any], data_cfg: DataConfig) -> str | None:
     limit = data_cfg.max_prompt_tokens * CHARS_PER_TOKEN_LIMIT
     n = prompt_chars(row, data_cfg)
     if n > limit:
-        return (f"prompt of {n} characters cannot fit --data.max-prompt-tokens {data_cfg.max_prompt_tokens} "
-                f"(more than {CHARS_PER_TOKEN_LIMIT} characters per token); not tokenized")
+        return (
+            f"prompt of {n} characters cannot fit --data.max-prompt-tokens {data_cfg.max_prompt_tokens} "
+            f"(more than {CHARS_PER_TOKEN_LIMIT} characters per token); not tokenized"
+        )
     return None
 
 
@@ -114,12 +116,22 @@ def _sampling(cfg: ExperimentConfig, prompt_id: str, temperature: float) -> Samp
 
 
 def _request(
-    cfg: ExperimentConfig, row: dict[str, Any], prompt_id: str, text: str, ids: list[int], *,
-    num_samples: int, temperature: float, is_eval: bool,
+    cfg: ExperimentConfig,
+    row: dict[str, Any],
+    prompt_id: str,
+    text: str,
+    ids: list[int],
+    *,
+    num_samples: int,
+    temperature: float,
+    is_eval: bool,
 ) -> PromptRequest:
     metadata = dict(row.get("extra") or {})
     metadata.update(
-        ground_truth=row["ground_truth"], verifier=row["verifier"], dataset=row["dataset"], row=row["row"],
+        ground_truth=row["ground_truth"],
+        verifier=row["verifier"],
+        dataset=row["dataset"],
+        row=row["row"],
         prompt_text=text,
     )
     metadata[cfg.rewards.verifier_column] = row["verifier"]  # the scorer routes on this key
@@ -257,12 +269,19 @@ class PromptStream:
             if len(ids) > self._cfg.data.max_prompt_tokens:
                 self._counters["dropped_too_long"] += 1
                 self._dropped.append((prompt_id, "dropped_too_long"))
-                logger.debug("dropping %s: %d prompt tokens > %d", prompt_id, len(ids),
-                             self._cfg.data.max_prompt_tokens)
+                logger.debug(
+                    "dropping %s: %d prompt tokens > %d", prompt_id, len(ids), self._cfg.data.max_prompt_tokens
+                )
                 continue
             return _request(
-                self._cfg, entry, prompt_id, text, ids, num_samples=self._cfg.generation.num_samples,
-                temperature=self._cfg.generation.temperature, is_eval=False,
+                self._cfg,
+                entry,
+                prompt_id,
+                text,
+                ids,
+                num_samples=self._cfg.generation.num_samples,
+                temperature=self._cfg.generation.temperature,
+                is_eval=False,
             )
         return None
 
@@ -317,8 +336,10 @@ def eval_requests(
     for spec in specs:
         loaded = load_dataset_rows(spec, cfg, split, known_verifiers)
         if loaded.name in names:  # eval prompt ids (eval/<name>:<row>) would collide and mix their samples
-            raise ValueError(f"eval datasets {names[loaded.name]!r} and {spec!r} have the same name "
-                             f"{loaded.name!r} (eval prompt ids use it): rename one of the files")
+            raise ValueError(
+                f"eval datasets {names[loaded.name]!r} and {spec!r} have the same name "
+                f"{loaded.name!r} (eval prompt ids use it): rename one of the files"
+            )
         names[loaded.name] = spec
         reqs: list[PromptRequest] = []
         num_too_long = 0
@@ -333,11 +354,22 @@ def eval_requests(
                 num_too_long += 1
                 continue
             prompt_id = make_prompt_id(f"eval/{loaded.name}", row["row"], 0)
-            reqs.append(_request(cfg, row, prompt_id, text, ids, num_samples=cfg.eval.num_samples,
-                                 temperature=temperature, is_eval=True))
+            reqs.append(
+                _request(
+                    cfg,
+                    row,
+                    prompt_id,
+                    text,
+                    ids,
+                    num_samples=cfg.eval.num_samples,
+                    temperature=temperature,
+                    is_eval=True,
+                )
+            )
         if num_too_long:
-            logger.warning("eval %s: dropped %d prompt(s) longer than %d tokens", spec, num_too_long,
-                           cfg.data.max_prompt_tokens)
+            logger.warning(
+                "eval %s: dropped %d prompt(s) longer than %d tokens", spec, num_too_long, cfg.data.max_prompt_tokens
+            )
         per_dataset.append(reqs)
     out: list[PromptRequest] = []
     for k in range(max((len(r) for r in per_dataset), default=0)):

@@ -105,9 +105,16 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, int, Any]], list[BadRow]]:
                 size = len(raw)
                 while not raw.endswith(b"\n") and (raw := f.readline(1 << 20)):  # skip the rest, never held whole
                     size += len(raw)
-                bad.append(BadRow(str(path), row, "<line>", f"line of {size / 2**20:.1f} MiB is over the "
-                                  f"{MAX_ROW_BYTES >> 20} MiB limit of one row (no prompt that long can be trained on)",
-                                  line_no))
+                bad.append(
+                    BadRow(
+                        str(path),
+                        row,
+                        "<line>",
+                        f"line of {size / 2**20:.1f} MiB is over the "
+                        f"{MAX_ROW_BYTES >> 20} MiB limit of one row (no prompt that long can be trained on)",
+                        line_no,
+                    )
+                )
                 row += 1
                 continue
             if not raw.strip():
@@ -184,7 +191,7 @@ RawRows = list[tuple[int, "int | None", Any]]
 def read_raw_rows(spec: str, cfg: ExperimentConfig, split: str) -> tuple[RawRows, list[BadRow]]:
     """Raw rows of a spec as (row index, line number or None, value), plus unreadable rows."""
     if spec.startswith(BUILTIN_PREFIX):
-        task = spec[len(BUILTIN_PREFIX):]
+        task = spec[len(BUILTIN_PREFIX) :]
         num_rows = cfg.data.num_builtin_rows if split == "train" else BUILTIN_TEST_ROWS
         rows = builtin_rows(task, "train" if split == "train" else "test", num_rows, cfg.seed)
         return [(i, None, r) for i, r in enumerate(rows)], []
@@ -263,8 +270,10 @@ def normalise_row(
     if verifier is not None:
         names = [verifier] if isinstance(verifier, str) else verifier
         if not isinstance(names, list) or not names or not all(isinstance(v, str) and v for v in names):
-            bad(cfg.rewards.verifier_column,
-                f"wrong type: expected a verifier name or a list of names, got {verifier!r}")
+            bad(
+                cfg.rewards.verifier_column,
+                f"wrong type: expected a verifier name or a list of names, got {verifier!r}",
+            )
         elif known_verifiers is not None:
             for v in names:
                 if v not in known_verifiers:

@@ -14,10 +14,14 @@ from typing import Any
 from rlvr.envs.registration import register_env
 from rlvr.envs.tool_env import ToolEnv
 
-LOOKUP_INSTRUCTIONS = ("Answer the question. The values are hidden: call the lookup tool to read them. When you "
-                       "know the answer, reply without a tool call and put it in \\boxed{}.")
-MATH_PYTHON_INSTRUCTIONS = ("Solve the math problem. You may run Python with the python tool (print what you "
-                            "need) or use the calculator. Put the final answer in \\boxed{}.")
+LOOKUP_INSTRUCTIONS = (
+    "Answer the question. The values are hidden: call the lookup tool to read them. When you "
+    "know the answer, reply without a tool call and put it in \\boxed{}."
+)
+MATH_PYTHON_INSTRUCTIONS = (
+    "Solve the math problem. You may run Python with the python tool (print what you "
+    "need) or use the calculator. Put the final answer in \\boxed{}."
+)
 
 register_env("tool")(ToolEnv)
 
@@ -31,5 +35,6 @@ def tool_lookup_env(**params: Any) -> ToolEnv:
 @register_env("math_python")
 def math_python_env(**params: Any) -> ToolEnv:
     """`ToolEnv` with the `python` and `calculator` tools, verifier `math`."""
-    return ToolEnv(**{"tools": ["python", "calculator"], "verifier": "math",
-                      "instructions": MATH_PYTHON_INSTRUCTIONS, **params})
+    return ToolEnv(
+        **{"tools": ["python", "calculator"], "verifier": "math", "instructions": MATH_PYTHON_INSTRUCTIONS, **params}
+    )

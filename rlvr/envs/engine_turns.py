@@ -25,8 +25,9 @@ from rlvr.types import FinishReason, PromptRequest, Sample, SamplingParams
 class EngineTurnGenerator:
     """`generate_turn` through `engine.generate` with one sample (module docstring)."""
 
-    def __init__(self, engine: GenerationEngine, sampling: SamplingParams, prompt_id: str = "episode",
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, engine: GenerationEngine, sampling: SamplingParams, prompt_id: str = "episode", timeout_s: float = 600.0
+    ) -> None:
         self.engine = engine
         self.sampling = sampling
         self.prompt_id = prompt_id
@@ -34,27 +35,47 @@ class EngineTurnGenerator:
         self._turns = 0
 
     def generate_turn(self, token_ids: list[int], max_new_tokens: int) -> GeneratedTurn:
-        sampling = replace(self.sampling, max_new_tokens=max_new_tokens,
-                           seed=None if self.sampling.seed is None else self.sampling.seed + 1000 * self._turns)
+        sampling = replace(
+            self.sampling,
+            max_new_tokens=max_new_tokens,
+            seed=None if self.sampling.seed is None else self.sampling.seed + 1000 * self._turns,
+        )
         request = PromptRequest(f"{self.prompt_id}:turn{self._turns}", list(token_ids), 1, sampling)
         self._turns += 1
         [sample] = self.engine.generate([request], timeout_s=self.timeout_s)
-        return GeneratedTurn(list(sample.completion_token_ids), list(sample.logprobs), sample.finish_reason,
-                             sample.version_start)
+        return GeneratedTurn(
+            list(sample.completion_token_ids), list(sample.logprobs), sample.finish_reason, sample.version_start
+        )
 
 
 _FINISH: dict[str, FinishReason] = {"turn_length": "length", "max_total_tokens": "length", "abort": "abort"}
 
 
-def episode_to_sample(ep: Episode, prompt_id: str, sample_index: int = 0, engine_id: int = 0,
-                      metadata: dict[str, Any] | None = None) -> Sample:
+def episode_to_sample(
+    ep: Episode, prompt_id: str, sample_index: int = 0, engine_id: int = 0, metadata: dict[str, Any] | None = None
+) -> Sample:
     """The episode as a `Sample` (module docstring); turn records and metrics go to metadata."""
     versions = [t.policy_version for t in ep.turns] or [-1]
     cut = ep.prompt_length
-    meta = {**(metadata or {}), "completion_loss_mask": ep.loss_mask[cut:], "end_reason": ep.end_reason, "error": ep.error,
-            "reward_terms": dict(ep.reward_terms), "episode_metrics": ep.metrics(),
-            "turns": [(t.start - cut, t.end - cut, t.policy_version, t.finish_reason) for t in ep.turns]}
-    return Sample(prompt_id=prompt_id, sample_index=sample_index, prompt_token_ids=ep.token_ids[:cut],
-                  completion_token_ids=ep.token_ids[cut:], completion_text="".join(t.text for t in ep.turns),
-                  logprobs=ep.logprobs[cut:], finish_reason=_FINISH.get(ep.end_reason, "stop"),
-                  version_start=min(versions), version_end=max(versions), engine_id=engine_id, metadata=meta)
+    meta = {
+        **(metadata or {}),
+        "completion_loss_mask": ep.loss_mask[cut:],
+        "end_reason": ep.end_reason,
+        "error": ep.error,
+        "reward_terms": dict(ep.reward_terms),
+        "episode_metrics": ep.metrics(),
+        "turns": [(t.start - cut, t.end - cut, t.policy_version, t.finish_reason) for t in ep.turns],
+    }
+    return Sample(
+        prompt_id=prompt_id,
+        sample_index=sample_index,
+        prompt_token_ids=ep.token_ids[:cut],
+        completion_token_ids=ep.token_ids[cut:],
+        completion_text="".join(t.text for t in ep.turns),
+        logprobs=ep.logprobs[cut:],
+        finish_reason=_FINISH.get(ep.end_reason, "stop"),
+        version_start=min(versions),
+        version_end=max(versions),
+        engine_id=engine_id,
+        metadata=meta,
+    )

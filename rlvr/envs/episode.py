@@ -97,14 +97,23 @@ class Episode:
         """Per-episode metrics: turns, tokens, observation-token share, the environment's counters."""
         completion = len(self.token_ids) - self.prompt_length
         generated = sum(self.loss_mask)
-        return {"turns": float(len(self.turns)), "total_tokens": float(len(self.token_ids)),
-                "generated_tokens": float(generated), "observation_tokens": float(completion - generated),
-                "observation_token_share": (completion - generated) / completion if completion else 0.0,
-                **{k: float(v) for k, v in self.env_metrics.items()}}
+        return {
+            "turns": float(len(self.turns)),
+            "total_tokens": float(len(self.token_ids)),
+            "generated_tokens": float(generated),
+            "observation_tokens": float(completion - generated),
+            "observation_token_share": (completion - generated) / completion if completion else 0.0,
+            **{k: float(v) for k, v in self.env_metrics.items()},
+        }
 
 
-def run_episode(env: Environment, row: dict[str, Any], generator: TurnGenerator, tokens: ObservationTokenizer,
-                limits: EpisodeLimits = EpisodeLimits()) -> Episode:
+def run_episode(
+    env: Environment,
+    row: dict[str, Any],
+    generator: TurnGenerator,
+    tokens: ObservationTokenizer,
+    limits: EpisodeLimits = EpisodeLimits(),
+) -> Episode:
     """Play one episode of `env` on `row` (module docstring)."""
     start = time.monotonic()
     prompt = tokens.first(env.reset(row))
@@ -115,8 +124,9 @@ def run_episode(env: Environment, row: dict[str, Any], generator: TurnGenerator,
     return ep
 
 
-def _play(ep: Episode, env: Environment, generator: TurnGenerator, tokens: ObservationTokenizer,
-          limits: EpisodeLimits) -> str:
+def _play(
+    ep: Episode, env: Environment, generator: TurnGenerator, tokens: ObservationTokenizer, limits: EpisodeLimits
+) -> str:
     """The turn loop; returns the end reason."""
     for turn_index in range(limits.max_turns):
         room = limits.max_total_tokens - len(ep.token_ids)
@@ -125,8 +135,13 @@ def _play(ep: Episode, env: Environment, generator: TurnGenerator, tokens: Obser
             return "max_total_tokens"
         turn = generator.generate_turn(list(ep.token_ids), budget)
         _check_turn(turn, budget)
-        record = TurnRecord(len(ep.token_ids), len(ep.token_ids) + len(turn.token_ids), turn.policy_version,
-                            turn.finish_reason, tokens.decode(turn.token_ids))
+        record = TurnRecord(
+            len(ep.token_ids),
+            len(ep.token_ids) + len(turn.token_ids),
+            turn.policy_version,
+            turn.finish_reason,
+            tokens.decode(turn.token_ids),
+        )
         ep.append(list(turn.token_ids), generated=True, logprobs=list(turn.logprobs), version=turn.policy_version)
         ep.turns.append(record)
         if turn.finish_reason == "abort":

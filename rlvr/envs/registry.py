@@ -40,8 +40,10 @@ def get_env(name: str) -> EnvFactory:
         register_env(name)(_import_path(name))
     factory = _REGISTRY.get(name)
     if factory is None:
-        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))} "
-                         "(or give an import path 'pkg.module:Class')")
+        raise ValueError(
+            f"unknown environment {name!r}; known: {', '.join(sorted(_REGISTRY))} "
+            "(or give an import path 'pkg.module:Class')"
+        )
     return factory
 
 

@@ -47,12 +47,18 @@ def _row(rng: random.Random, split: str, kind: str, num_entries: int) -> dict[st
     table = {f"item {name}": rng.randint(1000, 9999) for name in names}
     answer = sum(table[f"item {name}"] for name in names[:num_keys])
     shuffled = dict(sorted(table.items()))  # the asked items are not first in the table
-    return {"prompt": question + " Put the final answer in \\boxed{}.", "ground_truth": str(answer),
-            "verifier": "math", "env": "tool_lookup", "table": {k: str(v) for k, v in shuffled.items()}}
+    return {
+        "prompt": question + " Put the final answer in \\boxed{}.",
+        "ground_truth": str(answer),
+        "verifier": "math",
+        "env": "tool_lookup",
+        "table": {k: str(v) for k, v in shuffled.items()},
+    }
 
 
-def lookup_rows(split: str, num_rows: int, seed: int = 0, kind: str = "single",
-                num_entries: int = 4) -> list[dict[str, Any]]:
+def lookup_rows(
+    split: str, num_rows: int, seed: int = 0, kind: str = "single", num_entries: int = 4
+) -> list[dict[str, Any]]:
     """`num_rows` rows of the lookup task (module docstring)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")

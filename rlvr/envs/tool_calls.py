@@ -39,8 +39,10 @@ class ToolSpec:
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI/Qwen function schema of this tool."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass(frozen=True)
@@ -146,11 +148,13 @@ class QwenFormat:
 
     def describe(self, tools: list[ToolSpec]) -> str:
         schemas = "\n".join(json.dumps(t.schema()) for t in tools)
-        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-                f"{schemas}\n</tools>\n\nFor each function call, return a json object with function name and "
-                f"arguments within {self.open_tag}{self.close_tag} XML tags:\n{self.open_tag}\n"
-                '{"name": <function-name>, "arguments": <args-json-object>}\n' + self.close_tag)
+        return (
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{schemas}\n</tools>\n\nFor each function call, return a json object with function name and "
+            f"arguments within {self.open_tag}{self.close_tag} XML tags:\n{self.open_tag}\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n' + self.close_tag
+        )
 
 
 FORMATS: dict[str, type] = {"qwen": QwenFormat}
@@ -162,8 +166,10 @@ def get_format(name: str, **params: Any) -> ToolCallFormat:
         return FORMATS[name](**params)
     module_name, _, attr = name.partition(":")
     if not attr:
-        raise ValueError(f"unknown tool-call format {name!r}; known: {', '.join(FORMATS)} "
-                         "(or give an import path 'pkg.module:Class')")
+        raise ValueError(
+            f"unknown tool-call format {name!r}; known: {', '.join(FORMATS)} "
+            "(or give an import path 'pkg.module:Class')"
+        )
     try:
         cls = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:

@@ -23,16 +23,24 @@ from rlvr.envs.base import Observation, StepResult
 from rlvr.envs.tool_calls import ToolCallFormat, ToolResult, get_format
 from rlvr.envs.tools import ToolExecutor, build_toolset
 
-DEFAULT_INSTRUCTIONS = ("Solve the task. Call the tools when you need them; when you know the answer, reply "
-                        "without a tool call and put the final answer in \\boxed{}.")
+DEFAULT_INSTRUCTIONS = (
+    "Solve the task. Call the tools when you need them; when you know the answer, reply "
+    "without a tool call and put the final answer in \\boxed{}."
+)
 
 
 class ToolEnv:
     """The tool-calling environment (module docstring); one instance per episode."""
 
-    def __init__(self, tools: list[str] | ToolExecutor | None = None, tool_format: str | ToolCallFormat = "qwen",
-                 verifier: str = "math", instructions: str = DEFAULT_INSTRUCTIONS, end_on_tool_error: bool = False,
-                 max_output_chars: int = 2000) -> None:
+    def __init__(
+        self,
+        tools: list[str] | ToolExecutor | None = None,
+        tool_format: str | ToolCallFormat = "qwen",
+        verifier: str = "math",
+        instructions: str = DEFAULT_INSTRUCTIONS,
+        end_on_tool_error: bool = False,
+        max_output_chars: int = 2000,
+    ) -> None:
         if tools is None or isinstance(tools, (list, tuple)):
             tools = build_toolset(list(tools or ["calculator"]), max_output_chars)
         self.tools: ToolExecutor = tools
@@ -45,8 +53,9 @@ class ToolEnv:
     def reset(self, row: dict[str, Any]) -> Observation:
         self.row = row
         system = f"{self.instructions}\n\n{self.format.describe(self.tools.specs())}"
-        return Observation(messages=[{"role": "system", "content": system},
-                                     {"role": "user", "content": str(row["prompt"])}])
+        return Observation(
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": str(row["prompt"])}]
+        )
 
     def step(self, turn_text: str, turn_token_ids: list[int]) -> StepResult:
         parsed = self.format.parse(turn_text)
@@ -66,15 +75,18 @@ class ToolEnv:
         metadata = {**self.row, **(self.row.get("metadata") or {})}
         score = get_reward(name).fn(turn_text, metadata)
         terms = {} if score is None else {name: float(score)}
-        return StepResult(None, terms, done=True, reason="done",
-                          metrics={"answered": 1.0, "unscored": float(score is None)})
+        return StepResult(
+            None, terms, done=True, reason="done", metrics={"answered": 1.0, "unscored": float(score is None)}
+        )
 
 
 def _tool_metrics(results: list[ToolResult]) -> dict[str, float]:
     """Counters of one step's tool results (module docstring)."""
-    metrics = {"tool_calls": float(sum(r.reason != "parse_error" for r in results)),
-               "tool_errors": float(sum(not r.ok for r in results)),
-               "tool_latency_s": sum(r.latency_s for r in results)}
+    metrics = {
+        "tool_calls": float(sum(r.reason != "parse_error" for r in results)),
+        "tool_errors": float(sum(not r.ok for r in results)),
+        "tool_latency_s": sum(r.latency_s for r in results),
+    }
     for r in results:
         if r.reason is not None:
             key = f"tool_error/{r.reason}" if not r.ok else f"tool_{r.reason}"

@@ -42,8 +42,14 @@ def _child_main(conn: Connection, names: list[str], max_output_chars: int) -> No
 class ProcessToolSet:
     """Tool calls in a replaceable child process (module docstring)."""
 
-    def __init__(self, names: list[str], max_output_chars: int = 2000, grace_s: float = 2.0,
-                 start_method: str = "forkserver", start_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        max_output_chars: int = 2000,
+        grace_s: float = 2.0,
+        start_method: str = "forkserver",
+        start_timeout_s: float = 120.0,
+    ) -> None:
         self.names = list(names)
         self.max_output_chars = max_output_chars
         self.grace_s = grace_s
@@ -59,8 +65,9 @@ class ProcessToolSet:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._process = self._ctx.Process(target=_child_main, args=(child, self.names, self.max_output_chars),
-                                          daemon=True, name="rlvr-tools")
+        self._process = self._ctx.Process(
+            target=_child_main, args=(child, self.names, self.max_output_chars), daemon=True, name="rlvr-tools"
+        )
         self._process.start()
         child.close()
         if not parent.poll(self.start_timeout_s):

@@ -93,26 +93,42 @@ class ToolSet:
         """Run one call with its timeout; always a result (module docstring)."""
         tool = self.tools.get(call.name)
         if tool is None:
-            return ToolResult(call.name, f"error: unknown tool {call.name!r}; available: {', '.join(self.tools)}",
-                              ok=False, reason="unknown_tool")
+            return ToolResult(
+                call.name,
+                f"error: unknown tool {call.name!r}; available: {', '.join(self.tools)}",
+                ok=False,
+                reason="unknown_tool",
+            )
         start = time.monotonic()
         box: dict[str, Any] = {}
-        thread = threading.Thread(target=_run_into, args=(tool.fn, call.arguments, row, box), daemon=True,
-                                  name=f"tool-{call.name}")
+        thread = threading.Thread(
+            target=_run_into, args=(tool.fn, call.arguments, row, box), daemon=True, name=f"tool-{call.name}"
+        )
         thread.start()
         thread.join(tool.timeout_s)
         latency = time.monotonic() - start
         if thread.is_alive():
             self.abandoned += 1
-            return ToolResult(call.name, f"error: tool {call.name!r} timed out after {tool.timeout_s:g}s", ok=False,
-                              reason="timeout", latency_s=latency)
+            return ToolResult(
+                call.name,
+                f"error: tool {call.name!r} timed out after {tool.timeout_s:g}s",
+                ok=False,
+                reason="timeout",
+                latency_s=latency,
+            )
         if "error" in box:
             reason, message = box["error"]
             content, _ = _truncate(f"error: {message}", self.max_output_chars)
             return ToolResult(call.name, content, ok=False, reason=reason, latency_s=latency)
         content, truncated = _truncate(str(box.get("output", "")), self.max_output_chars)
-        return ToolResult(call.name, content, ok=True, reason="output_truncated" if truncated else None,
-                          latency_s=latency, truncated=truncated)
+        return ToolResult(
+            call.name,
+            content,
+            ok=True,
+            reason="output_truncated" if truncated else None,
+            latency_s=latency,
+            truncated=truncated,
+        )
 
 
 def _run_into(fn: ToolFn, arguments: dict[str, Any], row: dict[str, Any], box: dict[str, Any]) -> None:
@@ -129,8 +145,15 @@ def _run_into(fn: ToolFn, arguments: dict[str, Any], row: dict[str, Any], box: d
 
 # ---- calculator -------------------------------------------------------------------------------------------
 
-_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 1e100
@@ -179,12 +202,16 @@ def _calculator(arguments: dict[str, Any], row: dict[str, Any]) -> str:
 
 def calculator_tool(timeout_s: float = 2.0) -> Tool:
     """`calculator(expression)`: safe arithmetic."""
-    spec = ToolSpec("calculator", "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
-                    {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]})
+    spec = ToolSpec(
+        "calculator",
+        "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
+        {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    )
     return Tool(spec, _calculator, timeout_s)
 
 
 # ---- lookup -----------------------------------------------------------------------------------------------
+
 
 def _lookup(arguments: dict[str, Any], row: dict[str, Any]) -> str:
     table = row.get("table", row.get("metadata", {}).get("table"))
@@ -198,8 +225,11 @@ def _lookup(arguments: dict[str, Any], row: dict[str, Any]) -> str:
 
 def lookup_tool(timeout_s: float = 2.0) -> Tool:
     """`lookup(key)`: the value of `key` in the row's table (`row["table"]` or `row["metadata"]["table"]`)."""
-    spec = ToolSpec("lookup", "Look up the value stored under a key in this task's table.",
-                    {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]})
+    spec = ToolSpec(
+        "lookup",
+        "Look up the value stored under a key in this task's table.",
+        {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+    )
     return Tool(spec, _lookup, timeout_s)
 
 
@@ -225,8 +255,9 @@ def sandbox_runner(timeout_s: float = 4.0, max_output_bytes: int = 64 * 1024) ->
     kill the program through RLIMIT_FSIZE, so a flood ends early)."""
     from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits
 
-    limits = SandboxLimits(test_timeout_s=timeout_s, max_output_bytes=max_output_bytes,
-                           file_size_bytes=16 * max_output_bytes)
+    limits = SandboxLimits(
+        test_timeout_s=timeout_s, max_output_bytes=max_output_bytes, file_size_bytes=16 * max_output_bytes
+    )
     return LocalSandboxExecutor(limits).run_capture
 
 
@@ -256,13 +287,17 @@ class PythonTool:
 def python_tool(runner: ProgramRunner | None = None, timeout_s: float = 4.0) -> Tool:
     """`python(code)`: run a program in the code sandbox and see its stdout (with stderr and tracebacks).
     The outer timeout leaves room for the sandbox's own start-up and kill before the call is abandoned."""
-    spec = ToolSpec("python", "Run a Python program and return what it prints.",
-                    {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]})
+    spec = ToolSpec(
+        "python",
+        "Run a Python program and return what it prints.",
+        {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    )
     fn = PythonTool(runner or sandbox_runner(timeout_s), timeout_s)
     return Tool(spec, fn, timeout_s + 20.0)
 
 
 # ---- user tools -------------------------------------------------------------------------------------------
+
 
 def load_user_tool(path: str, timeout_s: float = 5.0) -> Tool:
     """A tool named by import path "pkg.module:attr": a `Tool` object as is, or a function `fn(**arguments)`
@@ -277,16 +312,21 @@ def load_user_tool(path: str, timeout_s: float = 5.0) -> Tool:
     if not callable(obj):
         raise ValueError(f"tool {path!r} is neither a Tool nor callable")
     params = [p for p in inspect.signature(obj).parameters]
-    spec = ToolSpec(attr, (inspect.getdoc(obj) or attr).splitlines()[0],
-                    {"type": "object", "properties": {p: {} for p in params}, "required": params})
+    spec = ToolSpec(
+        attr,
+        (inspect.getdoc(obj) or attr).splitlines()[0],
+        {"type": "object", "properties": {p: {} for p in params}, "required": params},
+    )
     return Tool(spec, lambda arguments, row: str(obj(**arguments)), timeout_s)
 
 
-BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {"calculator": calculator_tool, "lookup": lookup_tool,
-                                                "python": python_tool}
+BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {
+    "calculator": calculator_tool,
+    "lookup": lookup_tool,
+    "python": python_tool,
+}
 
 
 def build_toolset(names: list[str], max_output_chars: int = 2000) -> ToolSet:
     """A tool set from built-in names and user import paths."""
-    return ToolSet([BUILTIN_TOOLS[n]() if n in BUILTIN_TOOLS else load_user_tool(n) for n in names],
-                   max_output_chars)
+    return ToolSet([BUILTIN_TOOLS[n]() if n in BUILTIN_TOOLS else load_user_tool(n) for n in names], max_output_chars)

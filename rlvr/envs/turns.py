@@ -39,24 +39,31 @@ class TurnTemplate:
         return closing + self.separator + self.prefix + content + self.suffix
 
     @classmethod
-    def from_chat_template(cls, tokenizer: Any, role: str = "user", end_of_turn: str | None = None,
-                           **template_kwargs: Any) -> TurnTemplate:
+    def from_chat_template(
+        cls, tokenizer: Any, role: str = "user", end_of_turn: str | None = None, **template_kwargs: Any
+    ) -> TurnTemplate:
         """The pieces for observations of `role`, read off `tokenizer`'s chat template; `end_of_turn` defaults
         to the tokenizer's EOS text. Use role "user" for templates that add their own tool-response tags to
         "tool" messages (Qwen) when the tool-call format renders those tags itself."""
         eot = end_of_turn if end_of_turn is not None else tokenizer.eos_token
         messages = [{"role": "user", "content": _USER_MARK}, {"role": "assistant", "content": _ASSISTANT_MARK}]
         before = tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
-        after = tokenizer.apply_chat_template(messages + [{"role": role, "content": _OBSERVATION_MARK}],
-                                              tokenize=False, add_generation_prompt=True, **template_kwargs)
+        after = tokenizer.apply_chat_template(
+            messages + [{"role": role, "content": _OBSERVATION_MARK}],
+            tokenize=False,
+            add_generation_prompt=True,
+            **template_kwargs,
+        )
         if not after.startswith(before) or _ASSISTANT_MARK not in before:
-            raise ValueError("chat template: adding a message changes the rendering of earlier ones; "
-                             "give the TurnTemplate pieces explicitly")
-        closing = before[before.rindex(_ASSISTANT_MARK) + len(_ASSISTANT_MARK):]
+            raise ValueError(
+                "chat template: adding a message changes the rendering of earlier ones; "
+                "give the TurnTemplate pieces explicitly"
+            )
+        closing = before[before.rindex(_ASSISTANT_MARK) + len(_ASSISTANT_MARK) :]
         if not closing.startswith(eot):
             raise ValueError(f"chat template: an assistant turn ends with {closing!r}, not {eot!r}")
-        prefix, _, suffix = after[len(before):].partition(_OBSERVATION_MARK)
-        return cls(end_of_turn=eot, separator=closing[len(eot):], prefix=prefix, suffix=suffix)
+        prefix, _, suffix = after[len(before) :].partition(_OBSERVATION_MARK)
+        return cls(end_of_turn=eot, separator=closing[len(eot) :], prefix=prefix, suffix=suffix)
 
 
 class ObservationTokenizer:
@@ -77,8 +84,9 @@ class ObservationTokenizer:
         if observation.token_ids is not None:
             return list(observation.token_ids)
         if observation.messages is not None:
-            text = self.tokenizer.apply_chat_template(observation.messages, tokenize=False,
-                                                      add_generation_prompt=True, **self.template_kwargs)
+            text = self.tokenizer.apply_chat_template(
+                observation.messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+            )
             return self.encode(text)
         return self.encode(observation.text)
 
@@ -86,7 +94,7 @@ class ObservationTokenizer:
         """The ids of an observation that follows the policy turn `turn_token_ids`."""
         if observation.token_ids is not None:
             return list(observation.token_ids)
-        closed = bool(self._eot_ids) and turn_token_ids[-len(self._eot_ids):] == self._eot_ids
+        closed = bool(self._eot_ids) and turn_token_ids[-len(self._eot_ids) :] == self._eot_ids
         return self.encode(self.template.render(observation.text, closed))
 
     def decode(self, token_ids: list[int]) -> str:

@@ -81,8 +81,10 @@ def resolve_config(args: EvalArgs) -> ExperimentConfig:
     cfg.model.tokenizer_path = None
     model_dir = Path(cfg.model.path)
     if (model_dir / "adapter_config.json").is_file() and not any(model_dir.glob("model*.safetensors")):
-        raise ValueError(f"--model {args.model} is a LoRA checkpoint (an adapter, not a model): merge it first with "
-                         f"`rlvr export --merge {args.model} OUT`, then evaluate OUT")
+        raise ValueError(
+            f"--model {args.model} is a LoRA checkpoint (an adapter, not a model): merge it first with "
+            f"`rlvr export --merge {args.model} OUT`, then evaluate OUT"
+        )
     if args.dataset:
         cfg.eval.datasets = list(args.dataset)
     if args.split is not None:
@@ -123,8 +125,10 @@ def build_engine(args: EvalArgs, cfg: ExperimentConfig) -> Any:
 
             from rlvr.rollout.vllm_engine import VLLMEngine
         except ImportError as e:
-            raise RuntimeError("--engine vllm needs vLLM: pip install 'rlvr[gpu]' (the `gpu` extra) on a CUDA "
-                               f"machine, or use --engine transformers ({e})") from e
+            raise RuntimeError(
+                "--engine vllm needs vLLM: pip install 'rlvr[gpu]' (the `gpu` extra) on a CUDA "
+                f"machine, or use --engine transformers ({e})"
+            ) from e
         return VLLMEngine(cfg.model.path, 0, cfg=cfg)
     import torch
 
@@ -156,15 +160,30 @@ def run_eval(args: EvalArgs) -> dict[str, Any]:
     engine = build_engine(args, cfg)
     start = time.perf_counter()
     try:
-        summary, rows = evaluate(engine, requests, scorer, ks=ks, timeout_s=cfg.rollout.timeout_s,
-                                 extract_answer=None if args.no_majority else default_answer_extractor)
+        summary, rows = evaluate(
+            engine,
+            requests,
+            scorer,
+            ks=ks,
+            timeout_s=cfg.rollout.timeout_s,
+            extract_answer=None if args.no_majority else default_answer_extractor,
+        )
     finally:
         engine.shutdown()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"model": args.model, "datasets": cfg.eval.datasets or cfg.data.datasets, "split": cfg.eval.split,
-              "num_samples": cfg.eval.num_samples, "greedy": cfg.eval.greedy, "seed": cfg.seed, "ks": ks,
-              "engine": args.engine, "elapsed_s": time.perf_counter() - start, "metrics": summary}
+    result = {
+        "model": args.model,
+        "datasets": cfg.eval.datasets or cfg.data.datasets,
+        "split": cfg.eval.split,
+        "num_samples": cfg.eval.num_samples,
+        "greedy": cfg.eval.greedy,
+        "seed": cfg.seed,
+        "ks": ks,
+        "engine": args.engine,
+        "elapsed_s": time.perf_counter() - start,
+        "metrics": summary,
+    }
     (out / "summary.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     with (out / "completions.jsonl").open("w") as f:
         for row in rows:
@@ -182,7 +201,9 @@ def main(argv: list[str]) -> int:
         return 2
     m = result["metrics"]
     head = ", ".join(f"{k}={m[k]:.4f}" for k in sorted(m) if k.startswith(("pass@", "maj@")))
-    print(f"rlvr eval: {int(m.get('num_prompts', 0))} prompts x {result['num_samples']}: {head}, "
-          f"reward {m.get('reward/total_mean', float('nan')):.4f}, len {m.get('completion_len_mean', 0):.1f}, "
-          f"stop {m.get('stop_rate', 0):.2f} -> {args.output}")
+    print(
+        f"rlvr eval: {int(m.get('num_prompts', 0))} prompts x {result['num_samples']}: {head}, "
+        f"reward {m.get('reward/total_mean', float('nan')):.4f}, len {m.get('completion_len_mean', 0):.1f}, "
+        f"stop {m.get('stop_rate', 0):.2f} -> {args.output}"
+    )
     return 0

@@ -123,8 +123,13 @@ def length_stats(lengths: Sequence[int | float]) -> dict[str, float]:
     if not lengths:
         return {}
     ordered = sorted(float(v) for v in lengths)
-    return {"mean": statistics.fmean(ordered), "min": ordered[0], "p50": _percentile(ordered, 50),
-            "p90": _percentile(ordered, 90), "max": ordered[-1]}
+    return {
+        "mean": statistics.fmean(ordered),
+        "min": ordered[0],
+        "p50": _percentile(ordered, 50),
+        "p90": _percentile(ordered, 90),
+        "max": ordered[-1],
+    }
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float:
@@ -141,8 +146,11 @@ def finish_rates(finish_reasons: Iterable[str]) -> dict[str, float]:
     if not reasons:
         return {}
     n = len(reasons)
-    return {"stop_rate": reasons.count("stop") / n, "truncated_rate": reasons.count("length") / n,
-            "abort_rate": reasons.count("abort") / n}
+    return {
+        "stop_rate": reasons.count("stop") / n,
+        "truncated_rate": reasons.count("length") / n,
+        "abort_rate": reasons.count("abort") / n,
+    }
 
 
 def mean_scores(score_dicts: Iterable[Mapping[str, float | None]]) -> dict[str, float]:
@@ -156,8 +164,9 @@ def mean_scores(score_dicts: Iterable[Mapping[str, float | None]]) -> dict[str, 
     return {name: statistics.fmean(values[name]) for name in sorted(values)}
 
 
-def group_metrics(groups: Mapping[str, Sequence[Mapping[str, Any]]], ks: Sequence[int],
-                  majority: bool = True) -> dict[str, float]:
+def group_metrics(
+    groups: Mapping[str, Sequence[Mapping[str, Any]]], ks: Sequence[int], majority: bool = True
+) -> dict[str, float]:
     """pass@k and (with `majority`) maj@k averaged over prompts, from per-prompt lists of scored rows.
 
     Each row needs `correct` (bool | None; None counts as incorrect) and, for maj@k, `answer` (the extracted
@@ -170,10 +179,12 @@ def group_metrics(groups: Mapping[str, Sequence[Mapping[str, Any]]], ks: Sequenc
     valid = [k for k in sorted(set(ks)) if 1 <= k <= min_n]
     for k in valid:
         out[f"pass@{k}"] = statistics.fmean(
-            pass_at_k(len(rows), sum(bool(r.get("correct")) for r in rows), k) for rows in groups.values())
+            pass_at_k(len(rows), sum(bool(r.get("correct")) for r in rows), k) for rows in groups.values()
+        )
     if majority:
         for k in valid:
             out[f"maj@{k}"] = statistics.fmean(
                 maj_at_k([r["answer"] for r in rows], [bool(r.get("correct")) for r in rows], k)
-                for rows in groups.values())
+                for rows in groups.values()
+            )
     return out

@@ -50,8 +50,10 @@ ScorerLike = Any
 
 def score_samples(scorer: ScorerLike, samples: Sequence[Sample]) -> list[RewardResult]:
     """One `RewardResult` per sample, in order, from any of the accepted scorer kinds."""
-    items: list[ScoreItem] = [(s.completion_text, {**s.metadata, "finish_reason": s.finish_reason},
-                               list(s.completion_token_ids)) for s in samples]
+    items: list[ScoreItem] = [
+        (s.completion_text, {**s.metadata, "finish_reason": s.finish_reason}, list(s.completion_token_ids))
+        for s in samples
+    ]
     if hasattr(scorer, "score_many"):
         results = list(scorer.score_many(items))
     elif hasattr(scorer, "score"):
@@ -74,21 +76,32 @@ def dataset_of(sample: Sample) -> str:
     return str(name).replace("/", "_")
 
 
-def build_rows(samples: Sequence[Sample], results: Sequence[RewardResult],
-               extract_answer: AnswerExtractor | None) -> list[dict[str, Any]]:
+def build_rows(
+    samples: Sequence[Sample], results: Sequence[RewardResult], extract_answer: AnswerExtractor | None
+) -> list[dict[str, Any]]:
     """The scored-completion records (one per sample) written to completions JSONL / eval samples."""
     rows = []
     for sample, result in zip(samples, results, strict=True):
         answer = extract_answer(sample.completion_text) if extract_answer is not None else None
-        rows.append({
-            "prompt_id": sample.prompt_id, "sample_index": sample.sample_index, "dataset": dataset_of(sample),
-            "prompt": sample.prompt_text, "completion": sample.completion_text,
-            "answer": answer if answer is None or isinstance(answer, (str, int, float)) else str(answer),
-            "ground_truth": sample.metadata.get("ground_truth"), "scores": dict(result.scores),
-            "total": result.total, "correct": result.correct, "status": result.status, "error": result.error,
-            "finish_reason": sample.finish_reason, "completion_len": len(sample.completion_token_ids),
-            "version": sample.version_start,
-        })
+        rows.append(
+            {
+                "prompt_id": sample.prompt_id,
+                "sample_index": sample.sample_index,
+                "dataset": dataset_of(sample),
+                "prompt": sample.prompt_text,
+                "completion": sample.completion_text,
+                "answer": answer if answer is None or isinstance(answer, (str, int, float)) else str(answer),
+                "ground_truth": sample.metadata.get("ground_truth"),
+                "scores": dict(result.scores),
+                "total": result.total,
+                "correct": result.correct,
+                "status": result.status,
+                "error": result.error,
+                "finish_reason": sample.finish_reason,
+                "completion_len": len(sample.completion_token_ids),
+                "version": sample.version_start,
+            }
+        )
     return rows
 
 
@@ -106,16 +119,21 @@ def _summarize_rows(rows: Sequence[Mapping[str, Any]], ks: Sequence[int], majori
     return out
 
 
-def summarize(samples: Sequence[Sample], results: Sequence[RewardResult], ks: Sequence[int] = (1,),
-              extract_answer: AnswerExtractor | None = default_answer_extractor,
-              ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def summarize(
+    samples: Sequence[Sample],
+    results: Sequence[RewardResult],
+    ks: Sequence[int] = (1,),
+    extract_answer: AnswerExtractor | None = default_answer_extractor,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Summary metrics and scored rows of already generated and scored samples (module docstring keys)."""
     rows = build_rows(samples, results, extract_answer)
     if not rows:
         return {"num_prompts": 0.0, "num_samples": 0.0}, rows
     majority = extract_answer is not None
-    summary: dict[str, float] = {"num_prompts": float(len({r["prompt_id"] for r in rows})),
-                                 "num_samples": float(len(rows))}
+    summary: dict[str, float] = {
+        "num_prompts": float(len({r["prompt_id"] for r in rows})),
+        "num_samples": float(len(rows)),
+    }
     summary.update(_summarize_rows(rows, ks, majority))
     for name, value in length_stats([r["completion_len"] for r in rows]).items():
         summary[f"completion_len_{name}"] = value
@@ -130,9 +148,12 @@ def summarize(samples: Sequence[Sample], results: Sequence[RewardResult], ks: Se
     return summary, rows
 
 
-def summarize_groups(groups: Sequence[Group], ks: Sequence[int] = (1,), prefix: str = "eval/",
-                     extract_answer: AnswerExtractor | None = default_answer_extractor,
-                     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def summarize_groups(
+    groups: Sequence[Group],
+    ks: Sequence[int] = (1,),
+    prefix: str = "eval/",
+    extract_answer: AnswerExtractor | None = default_answer_extractor,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """`summarize` for scored groups (the trainer's in-training eval), keys prefixed with `prefix`."""
     samples = [s for g in groups for s in g.samples]
     results = [r for g in groups for r in g.rewards]
@@ -142,11 +163,15 @@ def summarize_groups(groups: Sequence[Group], ks: Sequence[int] = (1,), prefix: 
     return {prefix + k: v for k, v in summary.items()}, rows
 
 
-def evaluate(engine: Generator, requests: Sequence[PromptRequest], scorer: ScorerLike,
-             ks: Sequence[int] = (1,), extract_answer: AnswerExtractor | None = default_answer_extractor,
-             timeout_s: float = 600.0,
-             on_samples: Callable[[list[Sample]], None] | None = None,
-             ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def evaluate(
+    engine: Generator,
+    requests: Sequence[PromptRequest],
+    scorer: ScorerLike,
+    ks: Sequence[int] = (1,),
+    extract_answer: AnswerExtractor | None = default_answer_extractor,
+    timeout_s: float = 600.0,
+    on_samples: Callable[[list[Sample]], None] | None = None,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Generate `num_samples` completions per request with `engine`, score them, and summarise.
 
     Returns (summary, rows): see the module docstring for the summary keys; rows are JSON-ready dicts, one per

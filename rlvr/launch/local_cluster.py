@@ -144,11 +144,25 @@ class LocalRayHead:
         if self.temp_dir is None:
             self.temp_dir = tempfile.mkdtemp(prefix="rlvr-ray-")
             self._own_temp_dir = True
-        cmd = [*ray_command(), "start", "--head", "--block", "--disable-usage-stats",
-               "--port", str(self.port), "--dashboard-host", "127.0.0.1",
-               "--dashboard-port", str(self.dashboard_port), "--temp-dir", self.temp_dir,
-               "--ray-client-server-port", str(free_port()),
-               "--dashboard-agent-listen-port", str(free_port())]
+        cmd = [
+            *ray_command(),
+            "start",
+            "--head",
+            "--block",
+            "--disable-usage-stats",
+            "--port",
+            str(self.port),
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(self.dashboard_port),
+            "--temp-dir",
+            self.temp_dir,
+            "--ray-client-server-port",
+            str(free_port()),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+        ]
         if not self.include_dashboard:
             cmd += ["--include-dashboard", "false"]
         if self.num_cpus is not None:
@@ -158,12 +172,19 @@ class LocalRayHead:
         log_path = os.path.join(self.temp_dir, "ray_start.log")
         env = {**os.environ, **token_auth_env(), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=self.own_session,
-                                         preexec_fn=_stop_with_parent if self.own_session else None)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=self.own_session,
+                preexec_fn=_stop_with_parent if self.own_session else None,
+            )
         deadline = time.monotonic() + self.startup_timeout_s
-        while not (port_open("127.0.0.1", self.port)
-                   and (not self.include_dashboard or port_open("127.0.0.1", self.dashboard_port))):
+        while not (
+            port_open("127.0.0.1", self.port)
+            and (not self.include_dashboard or port_open("127.0.0.1", self.dashboard_port))
+        ):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 with open(log_path, errors="replace") as f:

@@ -68,8 +68,10 @@ def _absolute_paths(cfg: ExperimentConfig, base: str) -> ExperimentConfig:
     out = cfg.checkpoint.output_dir
     if not os.path.isabs(out):
         cfg.checkpoint = dataclasses.replace(cfg.checkpoint, output_dir=os.path.join(base, out))
-    datasets = [os.path.join(base, d) if not os.path.isabs(d) and os.path.exists(os.path.join(base, d)) else d
-                for d in cfg.data.datasets]
+    datasets = [
+        os.path.join(base, d) if not os.path.isabs(d) and os.path.exists(os.path.join(base, d)) else d
+        for d in cfg.data.datasets
+    ]
     cfg.data = dataclasses.replace(cfg.data, datasets=datasets)
     return cfg
 
@@ -120,14 +122,16 @@ def run_job(dashboard_url: str, cfg: ExperimentConfig, job_id: str, wait: bool =
     job_dir = write_job_dir(cfg)
     entrypoint = "rlvr train --config config.yaml"
     try:  # submit_job uploads the working_dir before it returns: the local copy is not needed after
-        client.submit_job(entrypoint=entrypoint, submission_id=job_id,
-                          runtime_env={"working_dir": job_dir, "env_vars": {"PYTHONUNBUFFERED": "1"}})
+        client.submit_job(
+            entrypoint=entrypoint,
+            submission_id=job_id,
+            runtime_env={"working_dir": job_dir, "env_vars": {"PYTHONUNBUFFERED": "1"}},
+        )
     finally:
         shutil.rmtree(job_dir, ignore_errors=True)
     print(f"rlvr launch: submitted job {job_id} to {dashboard_url}: {entrypoint}", file=sys.stderr)
     if not wait:
-        print(f"rlvr launch: follow it with `ray job logs -f --address {dashboard_url} {job_id}`",
-              file=sys.stderr)
+        print(f"rlvr launch: follow it with `ray job logs -f --address {dashboard_url} {job_id}`", file=sys.stderr)
         return 0
     try:
         asyncio.run(_stream(client, job_id))
@@ -137,8 +141,7 @@ def run_job(dashboard_url: str, cfg: ExperimentConfig, job_id: str, wait: bool =
     while not (status := client.get_job_status(job_id)).is_terminal():
         time.sleep(0.5)
     info = client.get_job_info(job_id)
-    print(f"rlvr launch: job {job_id} {status.value}" + (f": {info.message}" if info.message else ""),
-          file=sys.stderr)
+    print(f"rlvr launch: job {job_id} {status.value}" + (f": {info.message}" if info.message else ""), file=sys.stderr)
     if status == JobStatus.SUCCEEDED:
         return 0
     if status == JobStatus.STOPPED:
@@ -177,13 +180,15 @@ def main(argv: list[str]) -> int:
 
         head = LocalRayHead(num_cpus=args.num_cpus, num_gpus=args.num_gpus, temp_dir=args.temp_dir).start()
         address = head.address
-        print(f"rlvr launch: started a local Ray head at {address} (dashboard {head.dashboard_url})",
-              file=sys.stderr)
+        print(f"rlvr launch: started a local Ray head at {address} (dashboard {head.dashboard_url})", file=sys.stderr)
     try:
         num_gpus, num_cpus, dashboard = cluster_resources(address)
         if (err := resource_error(cfg, num_gpus, num_cpus)) is not None:
-            print(f"rlvr launch: the cluster at {address} is too small for this config:\n  {err}\n"
-                  "  Lower --cluster.num-learners / --cluster.num-engines, or add nodes or GPUs.", file=sys.stderr)
+            print(
+                f"rlvr launch: the cluster at {address} is too small for this config:\n  {err}\n"
+                "  Lower --cluster.num-learners / --cluster.num-engines, or add nodes or GPUs.",
+                file=sys.stderr,
+            )
             return 2
         url = args.dashboard_url or (head.dashboard_url if head else dashboard)
         return run_job(url, cfg, args.job_id or _default_job_id(cfg), wait=not args.no_wait)

@@ -145,6 +145,7 @@ def _dump(docs: list[dict]) -> str:
 
 # --- Beaker ---------------------------------------------------------------------------------------------
 
+
 def beaker_spec(req: JobRequest) -> str:
     """A Beaker experiment spec (v2): one task replicated per node, with leader selection."""
     env = [{"name": k, "value": v} for k, v in base_env(req).items()]
@@ -154,8 +155,12 @@ def beaker_spec(req: JobRequest) -> str:
         "image": {"docker": req.image},
         "command": node_command(req),
         "envVars": env,
-        "resources": {"gpuCount": req.gpus_per_node, "cpuCount": req.cpus_per_node, "memory": f"{req.memory_gib}GiB",
-                      "sharedMemory": f"{req.shm_size_gib}GiB"},
+        "resources": {
+            "gpuCount": req.gpus_per_node,
+            "cpuCount": req.cpus_per_node,
+            "memory": f"{req.memory_gib}GiB",
+            "sharedMemory": f"{req.shm_size_gib}GiB",
+        },
         "context": {"priority": req.beaker_priority},
         "result": {"path": "/results"},
         "hostNetworking": True,
@@ -164,8 +169,10 @@ def beaker_spec(req: JobRequest) -> str:
         "propagateFailure": True,
     }
     if req.mounts:
-        task["datasets"] = [{"source": {"hostPath" if m.kind == "host" else "beaker": m.source}, "mountPath": m.target}
-                            for m in req.mounts]
+        task["datasets"] = [
+            {"source": {"hostPath" if m.kind == "host" else "beaker": m.source}, "mountPath": m.target}
+            for m in req.mounts
+        ]
     if req.beaker_clusters:
         task["constraints"] = {"cluster": list(req.beaker_clusters)}
     spec: dict = {"version": "v2"}
@@ -177,6 +184,7 @@ def beaker_spec(req: JobRequest) -> str:
 
 
 # --- Kubernetes -----------------------------------------------------------------------------------------
+
 
 def _k8s_env(req: JobRequest, extra: dict[str, str] | None = None) -> list[dict]:
     env: list[dict] = [{"name": k, "value": v} for k, v in {**base_env(req), **(extra or {})}.items()]
@@ -190,12 +198,20 @@ def _pod_spec(req: JobRequest, container: dict) -> dict:
     volumes: list[dict] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{req.shm_size_gib}Gi"}}]
     mounts: list[dict] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     for i, m in enumerate(req.mounts):
-        source = ({"persistentVolumeClaim": {"claimName": m.source}} if m.kind == "pvc"
-                  else {"hostPath": {"path": m.source, "type": "DirectoryOrCreate"}})
+        source = (
+            {"persistentVolumeClaim": {"claimName": m.source}}
+            if m.kind == "pvc"
+            else {"hostPath": {"path": m.source, "type": "DirectoryOrCreate"}}
+        )
         volumes.append({"name": f"storage-{i}", **source})
         mounts.append({"name": f"storage-{i}", "mountPath": m.target})
-    container = {"name": container.pop("name"), "image": req.image, "imagePullPolicy": "IfNotPresent",
-                 **container, "volumeMounts": mounts}
+    container = {
+        "name": container.pop("name"),
+        "image": req.image,
+        "imagePullPolicy": "IfNotPresent",
+        **container,
+        "volumeMounts": mounts,
+    }
     requests = {"cpu": str(req.cpus_per_node), "memory": f"{req.memory_gib}Gi"}
     container["resources"] = {"requests": requests}
     if req.gpus_per_node > 0:
@@ -209,19 +225,34 @@ def k8s_job_manifests(req: JobRequest) -> str:
     name = dns_name(req.name)
     labels = {"app.kubernetes.io/name": "rlvr", "rlvr/job": name}
     service = {
-        "apiVersion": "v1", "kind": "Service",
+        "apiVersion": "v1",
+        "kind": "Service",
         "metadata": {"name": name, "namespace": req.k8s_namespace, "labels": labels},
-        "spec": {"clusterIP": "None", "selector": {"rlvr/job": name}, "publishNotReadyAddresses": True,
-                 "ports": [{"name": "gcs", "port": GCS_PORT}, {"name": "dashboard", "port": DASHBOARD_PORT}]},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"rlvr/job": name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "gcs", "port": GCS_PORT}, {"name": "dashboard", "port": DASHBOARD_PORT}],
+        },
     }
-    container = {"name": "rlvr", "workingDir": IMAGE_WORKDIR, "command": node_command(req),
-                 "env": _k8s_env(req, {"RLVR_K8S_SERVICE": name})}
+    container = {
+        "name": "rlvr",
+        "workingDir": IMAGE_WORKDIR,
+        "command": node_command(req),
+        "env": _k8s_env(req, {"RLVR_K8S_SERVICE": name}),
+    }
     pod = {"subdomain": name, "restartPolicy": "Never", **_pod_spec(req, container)}
     job = {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": name, "namespace": req.k8s_namespace, "labels": labels},
-        "spec": {"completionMode": "Indexed", "completions": req.num_nodes, "parallelism": req.num_nodes,
-                 "backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": req.num_nodes,
+            "parallelism": req.num_nodes,
+            "backoffLimit": 0,
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
     }
     return _dump([service, job])
 
@@ -230,9 +261,18 @@ def kuberay_rayjob(req: JobRequest) -> str:
     """A KubeRay `RayJob`: the operator starts a head and num_nodes - 1 workers and runs the command."""
     name = dns_name(req.name)
     start: dict[str, str] = {"num-gpus": str(req.gpus_per_node)} if req.gpus_per_node > 0 else {}
-    head = _pod_spec(req, {"name": "ray-head", "workingDir": IMAGE_WORKDIR, "env": _k8s_env(req),
-                           "ports": [{"name": "gcs", "containerPort": GCS_PORT},
-                                     {"name": "dashboard", "containerPort": DASHBOARD_PORT}]})
+    head = _pod_spec(
+        req,
+        {
+            "name": "ray-head",
+            "workingDir": IMAGE_WORKDIR,
+            "env": _k8s_env(req),
+            "ports": [
+                {"name": "gcs", "containerPort": GCS_PORT},
+                {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+            ],
+        },
+    )
     cluster: dict = {
         "rayVersion": RAY_VERSION,
         "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0", **start}, "template": {"spec": head}},
@@ -240,13 +280,26 @@ def kuberay_rayjob(req: JobRequest) -> str:
     if req.num_nodes > 1:
         worker = _pod_spec(req, {"name": "ray-worker", "workingDir": IMAGE_WORKDIR, "env": _k8s_env(req)})
         n = req.num_nodes - 1
-        cluster["workerGroupSpecs"] = [{"groupName": "workers", "replicas": n, "minReplicas": n, "maxReplicas": n,
-                                        "rayStartParams": dict(start), "template": {"spec": worker}}]
+        cluster["workerGroupSpecs"] = [
+            {
+                "groupName": "workers",
+                "replicas": n,
+                "minReplicas": n,
+                "maxReplicas": n,
+                "rayStartParams": dict(start),
+                "template": {"spec": worker},
+            }
+        ]
     rayjob = {
-        "apiVersion": "ray.io/v1", "kind": "RayJob",
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
         "metadata": {"name": name, "namespace": req.k8s_namespace, "labels": {"app.kubernetes.io/name": "rlvr"}},
-        "spec": {"entrypoint": shlex.join(req.command), "shutdownAfterJobFinishes": True,
-                 "ttlSecondsAfterFinished": 600, "rayClusterSpec": cluster},
+        "spec": {
+            "entrypoint": shlex.join(req.command),
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": 600,
+            "rayClusterSpec": cluster,
+        },
     }
     return _dump([rayjob])
 
@@ -263,8 +316,11 @@ def _check_shell_inputs(req: JobRequest) -> None:
         for key in names:
             if not _SHELL_NAME.fullmatch(key):
                 raise ValueError(f"{flag} {key!r}: a variable name must match [A-Za-z_][A-Za-z0-9_]*")
-    for flag, value in (("--partition", req.slurm_partition), ("--account", req.slurm_account),
-                        ("--time", req.slurm_time)):
+    for flag, value in (
+        ("--partition", req.slurm_partition),
+        ("--account", req.slurm_account),
+        ("--time", req.slurm_time),
+    ):
         if value and not re.fullmatch(r"[A-Za-z0-9_.:,+@%=/-]+", value):
             raise ValueError(f"{flag} {value!r}: only letters, digits and _ . : , + @ % = / - are allowed")
 
@@ -274,22 +330,31 @@ def sbatch_script(req: JobRequest) -> str:
     the user's is quoted with shlex.quote or checked to be one plain word (`_check_shell_inputs`)."""
     _check_shell_inputs(req)
     name = dns_name(req.name)
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={req.num_nodes}",
-             "#SBATCH --ntasks-per-node=1", "#SBATCH --exclusive", f"#SBATCH --output={name}-%j.out"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={req.num_nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive",
+        f"#SBATCH --output={name}-%j.out",
+    ]
     if req.signal_lead_s > 0:  # every task's setup script passes it to rlvr, which checkpoints and exits 75
         lines.append(f"#SBATCH --signal=TERM@{req.signal_lead_s}")
     if req.gpus_per_node > 0:
         lines.append(f"#SBATCH --gpus-per-node={req.gpus_per_node}")
-    for flag, value in (("partition", req.slurm_partition), ("account", req.slurm_account),
-                        ("time", req.slurm_time)):
+    for flag, value in (("partition", req.slurm_partition), ("account", req.slurm_account), ("time", req.slurm_time)):
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
-    lines += ["# Generated by `rlvr submit slurm`: every node runs scripts/ray_node_setup.sh, which makes the",
-              "# first node of SLURM_JOB_NODELIST the Ray head and runs the rlvr command there.",
-              "set -euo pipefail"]
+    lines += [
+        "# Generated by `rlvr submit slurm`: every node runs scripts/ray_node_setup.sh, which makes the",
+        "# first node of SLURM_JOB_NODELIST the Ray head and runs the rlvr command there.",
+        "set -euo pipefail",
+    ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in base_env(req).items()]
     for var in req.secrets:
-        lines.append(f': "${{{var}:?export {var} (secret {req.secrets[var]}) before sbatch: Slurm has no secret store}}"')
+        lines.append(
+            f': "${{{var}:?export {var} (secret {req.secrets[var]}) before sbatch: Slurm has no secret store}}"'
+        )
         lines.append(f"export {var}")
     srun = ["srun", f"--nodes={req.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     if req.slurm_container:
@@ -297,8 +362,10 @@ def sbatch_script(req: JobRequest) -> str:
         if req.mounts:
             srun.append("--container-mounts=" + ",".join(f"{m.source}:{m.target}" for m in req.mounts))
     elif req.mounts:
-        raise ValueError("--mount on Slurm needs --slurm-container (without a container the nodes' own "
-                         "filesystems are used as they are)")
+        raise ValueError(
+            "--mount on Slurm needs --slurm-container (without a container the nodes' own "
+            "filesystems are used as they are)"
+        )
     lines.append(shlex.join(srun + node_command(req)))
     return "\n".join(lines) + "\n"
 

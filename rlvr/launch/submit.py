@@ -109,9 +109,15 @@ def build_request(args: SubmitArgs) -> JobRequest:
     cfg: ExperimentConfig = from_dict(read_yaml(args.config)) if args.config else default_config()
     stem = os.path.splitext(os.path.basename(args.config))[0] if args.config else "tiny-cpu"
     output_dir = args.output_dir or ("/results/runs" if args.scheduler == "beaker" else None)
-    command = shlex.split(args.command) if args.command else (
-        ["rlvr", "train"] + (["--config", args.config] if args.config else [])
-        + (["--checkpoint.output-dir", output_dir] if output_dir else []))
+    command = (
+        shlex.split(args.command)
+        if args.command
+        else (
+            ["rlvr", "train"]
+            + (["--config", args.config] if args.config else [])
+            + (["--checkpoint.output-dir", output_dir] if output_dir else [])
+        )
+    )
     num_nodes = args.num_nodes if args.num_nodes is not None else cfg.cluster.num_nodes
     gpus = args.gpus_per_node if args.gpus_per_node is not None else cfg.cluster.gpus_per_node
     if num_nodes < 1 or gpus < 0:
@@ -125,13 +131,28 @@ def build_request(args: SubmitArgs) -> JobRequest:
     if cpus < 1 or memory < 1 or args.signal_lead_s < 0:
         raise ConfigError("--cpus-per-node and --memory-gib must be >= 1, --signal-lead-s >= 0")
     return JobRequest(
-        name=args.name or f"rlvr-{stem}", command=command, num_nodes=num_nodes, gpus_per_node=gpus,
-        image=args.image, env=_pairs(args.env, "--env"), secrets=_pairs(args.secret, "--secret"),
-        shm_size_gib=args.shm_size_gib, beaker_budget=args.beaker_budget,
-        beaker_workspace=args.beaker_workspace, beaker_clusters=list(args.beaker_cluster),
-        beaker_priority=args.beaker_priority, k8s_namespace=args.namespace, slurm_partition=args.partition,
-        slurm_account=args.account, slurm_time=args.time, slurm_container=args.slurm_container, mounts=mounts,
-        cpus_per_node=cpus, memory_gib=memory, signal_lead_s=args.signal_lead_s)
+        name=args.name or f"rlvr-{stem}",
+        command=command,
+        num_nodes=num_nodes,
+        gpus_per_node=gpus,
+        image=args.image,
+        env=_pairs(args.env, "--env"),
+        secrets=_pairs(args.secret, "--secret"),
+        shm_size_gib=args.shm_size_gib,
+        beaker_budget=args.beaker_budget,
+        beaker_workspace=args.beaker_workspace,
+        beaker_clusters=list(args.beaker_cluster),
+        beaker_priority=args.beaker_priority,
+        k8s_namespace=args.namespace,
+        slurm_partition=args.partition,
+        slurm_account=args.account,
+        slurm_time=args.time,
+        slurm_container=args.slurm_container,
+        mounts=mounts,
+        cpus_per_node=cpus,
+        memory_gib=memory,
+        signal_lead_s=args.signal_lead_s,
+    )
 
 
 def storage_warning(args: SubmitArgs, req: JobRequest) -> str | None:
@@ -143,8 +164,10 @@ def storage_warning(args: SubmitArgs, req: JobRequest) -> str | None:
     if covered(runs, req.mounts) or (args.scheduler == "beaker" and covered(runs, [_RESULTS])):
         return None
     example = {"k8s": "pvc:CLAIM", "slurm": "host:/shared/dir", "beaker": "host:/node/dir"}[args.scheduler]
-    return (f"warning: the run directory {runs} is on no --mount: checkpoints are lost when the job's container "
-            f"goes (add e.g. --mount {example}:{runs})")
+    return (
+        f"warning: the run directory {runs} is on no --mount: checkpoints are lost when the job's container "
+        f"goes (add e.g. --mount {example}:{runs})"
+    )
 
 
 def submit_command(scheduler: str, path: str, req: JobRequest) -> list[str]:
@@ -185,8 +208,11 @@ def main(argv: list[str]) -> int:
         return 2
     cli = SUBMIT_CLI[args.scheduler]
     if shutil.which(cli) is None:
-        print(f"rlvr submit: `{cli}` is not on PATH: install it to submit to {args.scheduler}, "
-              "or use --dry-run (with --output FILE) to write the spec and submit it yourself", file=sys.stderr)
+        print(
+            f"rlvr submit: `{cli}` is not on PATH: install it to submit to {args.scheduler}, "
+            "or use --dry-run (with --output FILE) to write the spec and submit it yourself",
+            file=sys.stderr,
+        )
         return 2
     path = args.output
     if path is None:

@@ -61,8 +61,14 @@ def _repeat_kv(x: torch.Tensor, times: int) -> torch.Tensor:
 
 
 def varlen_attention_forward(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs: Any,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function: query [1, Hq, N, D], key/value [1, Hkv, N, D] -> ([1, N, Hq, D], None)."""
     if dropout:
@@ -91,15 +97,24 @@ def varlen_attention_forward(
     else:
         k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
         bounds = cu.tolist()
-        parts = [F.scaled_dot_product_attention(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
-                                                is_causal=True, scale=scaling).transpose(0, 1)
-                 for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+        parts = [
+            F.scaled_dot_product_attention(
+                q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1), is_causal=True, scale=scaling
+            ).transpose(0, 1)
+            for s, e in zip(bounds[:-1], bounds[1:])
+            if e > s
+        ]
         out = torch.cat(parts, dim=0)
     return out.unsqueeze(0), None
 
 
-def _unpacked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-              scaling: float | None) -> torch.Tensor:
+def _unpacked(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
     """Plain causal batches (no cu_seqlens: e.g. a model called directly): SDPA, one sequence per row."""
     if attention_mask is not None:
         raise ValueError(f"{NAME} attention does not take padding masks; pack the rows (rlvr.learner.logprobs)")
@@ -107,8 +122,9 @@ def _unpacked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, atten
     if q_len != k_len and q_len != 1:
         raise ValueError(f"{NAME} attention: {q_len} queries over {k_len} cached keys is not supported")
     groups = query.shape[1] // key.shape[1]
-    out = F.scaled_dot_product_attention(query, _repeat_kv(key, groups), _repeat_kv(value, groups),
-                                         is_causal=q_len == k_len and q_len > 1, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        query, _repeat_kv(key, groups), _repeat_kv(value, groups), is_causal=q_len == k_len and q_len > 1, scale=scaling
+    )
     return out.transpose(1, 2).contiguous()
 
 

@@ -38,8 +38,13 @@ def adamw(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.AdamW:
     lc = cfg.learner
     on_cuda = next(model.parameters()).is_cuda
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lc.lr, betas=(lc.adam_beta1, lc.adam_beta2),
-                             weight_decay=lc.weight_decay, fused=True if on_cuda else None)
+    return torch.optim.AdamW(
+        params,
+        lr=lc.lr,
+        betas=(lc.adam_beta1, lc.adam_beta2),
+        weight_decay=lc.weight_decay,
+        fused=True if on_cuda else None,
+    )
 
 
 class TorchBackend:
@@ -51,7 +56,8 @@ class TorchBackend:
         self.optimizer = adamw(model, cfg)
         total = total_optimizer_steps(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule))
+            self.optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule)
+        )
 
     def backward(self, loss: torch.Tensor, is_last: bool) -> None:
         loss.backward()
@@ -87,8 +93,9 @@ class TorchBackend:
         return None  # the module's own state_dict is already whole
 
     def save(self, path: Path) -> None:
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                   path / "optimizer.pt")
+        torch.save(
+            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "optimizer.pt"
+        )
 
     def load(self, path: Path) -> None:
         state = weights_only_load(path / "optimizer.pt")
@@ -123,9 +130,11 @@ class DeepSpeedBackend:
         optimizer = adamw(model, cfg)
         total = total_optimizer_steps(cfg)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule))
+            optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule)
+        )
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
         self.model = self.engine.module
         self._deepspeed = deepspeed
 
@@ -149,8 +158,9 @@ class DeepSpeedBackend:
         """The whole model, gathered on every rank under ZeRO-3 (a collective: enter it on all ranks). With
         `modify`, rank 0's values are re-partitioned on exit; without it changes made inside are discarded."""
         if self.cfg.learner.zero_stage == 3:
-            with self._deepspeed.zero.GatheredParameters(list(self.model.parameters()),
-                                                         modifier_rank=0 if modify else None):
+            with self._deepspeed.zero.GatheredParameters(
+                list(self.model.parameters()), modifier_rank=0 if modify else None
+            ):
                 yield self.model
         else:
             yield self.model
@@ -183,15 +193,20 @@ class DeepSpeedBackend:
 
     def save(self, path: Path) -> None:
         # with LoRA the frozen base is not state (it is the model directory): only the adapters are saved
-        self.engine.save_checkpoint(str(path / "deepspeed"), tag="state", save_latest=False,
-                                    exclude_frozen_parameters=self.cfg.learner.lora_rank > 0)
+        self.engine.save_checkpoint(
+            str(path / "deepspeed"),
+            tag="state",
+            save_latest=False,
+            exclude_frozen_parameters=self.cfg.learner.lora_rank > 0,
+        )
 
     def load(self, path: Path) -> None:
         # DeepSpeed 0.19.8's TorchCheckpointEngine.load calls torch.load(weights_only=False): every file it reads
         # (model states, ZeRO optimizer partitions) goes through the weights-only loader instead
         self.engine.checkpoint_engine.load = weights_only_load
-        self.engine.load_checkpoint(str(path / "deepspeed"), tag="state",
-                                    load_module_strict=self.cfg.learner.lora_rank == 0)
+        self.engine.load_checkpoint(
+            str(path / "deepspeed"), tag="state", load_module_strict=self.cfg.learner.lora_rank == 0
+        )
 
 
 SAFE_TORCH_GLOBALS = (
@@ -237,7 +252,9 @@ def _detached(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, p.detach()
 
 
-def _gather_buckets(named: list[tuple[str, torch.nn.Parameter]], limit: int) -> list[list[tuple[str, torch.nn.Parameter]]]:
+def _gather_buckets(
+    named: list[tuple[str, torch.nn.Parameter]], limit: int
+) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """Consecutive parameters whose full sizes (ZeRO-3 `ds_numel`, else numel) add up to at most `limit` bytes;
     a larger parameter gets a bucket of its own."""
     buckets: list[list[tuple[str, torch.nn.Parameter]]] = []

@@ -13,8 +13,15 @@ import shutil
 import sys
 from pathlib import Path
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def merge_checkpoint(ckpt: str | Path, out: str | Path, base: str | None = None) -> Path:
@@ -26,8 +33,10 @@ def merge_checkpoint(ckpt: str | Path, out: str | Path, base: str | None = None)
 
     ckpt, out = Path(ckpt), Path(out)
     if not (ckpt / lora.CONFIG_FILE).is_file():
-        raise ValueError(f"{ckpt}: no LoRA adapter ({lora.CONFIG_FILE}); a checkpoint of full fine-tuning is already "
-                         "a merged HF model: load it directly")
+        raise ValueError(
+            f"{ckpt}: no LoRA adapter ({lora.CONFIG_FILE}); a checkpoint of full fine-tuning is already "
+            "a merged HF model: load it directly"
+        )
     config, tensors = lora.read_adapter_dir(ckpt)
     base = base or config.get("base_model_name_or_path")
     if not base:
@@ -35,8 +44,12 @@ def merge_checkpoint(ckpt: str | Path, out: str | Path, base: str | None = None)
     dtype = getattr(AutoConfig.from_pretrained(base), "dtype", None) or torch.float32
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, use_safetensors=True)
     targets = config.get("target_modules") or []
-    spec = lora.LoraSpec(int(config["r"]), int(config.get("lora_alpha", config["r"])), 0.0,
-                         tuple([targets] if isinstance(targets, str) else targets))
+    spec = lora.LoraSpec(
+        int(config["r"]),
+        int(config.get("lora_alpha", config["r"])),
+        0.0,
+        tuple([targets] if isinstance(targets, str) else targets),
+    )
     wrapped = lora.wrap(model, spec, base)
     lora.load_adapter_tensors(wrapped, tensors)
     merged = wrapped.merge_and_unload().to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype)))

@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 
 
-def _forward_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logsumexp, log p(target), entropy) of one chunk of lm_head outputs, in fp32 (fp64 for fp64 models)."""
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)).div_(temperature)
     lse = torch.logsumexp(z, dim=-1)
@@ -30,8 +31,9 @@ def _forward_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return lse, picked, lse - p.mul_(z).sum(-1)
 
 
-def _backward_dlogits(logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor,
-                      temperature: float) -> torch.Tensor:
+def _backward_dlogits(
+    logits: torch.Tensor, lse: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """d loss / d logits = g (onehot(target) - softmax(z)) / temperature, in the logits' dtype."""
     g = grad.to(lse.dtype)
     d = logits.to(lse.dtype).div_(temperature)
@@ -53,8 +55,14 @@ class LinearLogprob(torch.autograd.Function):
     """(logprobs [n], entropy [n]) of `targets` under softmax(hidden @ weight.T / temperature), chunked."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
-                temperature: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,  # type: ignore[override]
+        temperature: float,
+        chunk_size: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         out_dtype = torch.promote_types(hidden.dtype, torch.float32)
         logp = hidden.new_empty(n, dtype=out_dtype)
@@ -87,14 +95,20 @@ class LinearLogprob(torch.autograd.Function):
 
 def fusable(head: torch.nn.Module) -> bool:
     """The head is a bias-free Linear whose weight is a whole tensor (not a ZeRO-3 partition)."""
-    return (isinstance(head, torch.nn.Linear) and head.bias is None and not hasattr(head.weight, "ds_id")
-            and head.weight.dim() == 2)
+    return (
+        isinstance(head, torch.nn.Linear)
+        and head.bias is None
+        and not hasattr(head.weight, "ds_id")
+        and head.weight.dim() == 2
+    )
 
 
-def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`LinearLogprob` on hidden [..., H] and targets [...]: (logprobs, entropy), each shaped like targets."""
     shape = targets.shape
-    lp, ent = LinearLogprob.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
-                                  temperature, chunk_size)
+    lp, ent = LinearLogprob.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), temperature, chunk_size
+    )
     return lp.reshape(shape), ent.reshape(shape)

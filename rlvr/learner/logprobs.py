@@ -57,8 +57,9 @@ def _hidden_states(
     rows, length = input_ids.shape
     if impl == attention_impl.NAME:  # torch's varlen kernel: segments given as cu_seqlens over the flattened rows
         meta = attention_impl.varlen_metadata(position_ids)
-        out = backbone(input_ids=input_ids.reshape(1, -1), position_ids=position_ids.reshape(1, -1), use_cache=False,
-                       **meta)
+        out = backbone(
+            input_ids=input_ids.reshape(1, -1), position_ids=position_ids.reshape(1, -1), use_cache=False, **meta
+        )
         return out.last_hidden_state.reshape(rows, length, -1)
     if "flash" in impl and rows > 1:
         out = backbone(input_ids=input_ids.reshape(1, -1), position_ids=position_ids.reshape(1, -1), use_cache=False)

@@ -27,8 +27,9 @@ FLASH_DTYPES = (torch.bfloat16, torch.float16)
 """The flash kernels (flash-attn and torch's flash varlen kernel) compute in these dtypes only."""
 
 
-def resolve_attn_implementation(name: str, device: str, packed_attention: str = "auto",
-                                dtype: torch.dtype | None = None) -> str:
+def resolve_attn_implementation(
+    name: str, device: str, packed_attention: str = "auto", dtype: torch.dtype | None = None
+) -> str:
     """`auto` = flash_attention_2 on GPU when flash-attn is installed, else torch's varlen flash kernel
     (`torch_varlen`, `rlvr.learner.attention`) on GPU, else sdpa; sdpa whenever learner.attention is `mask`
     (explicit block-diagonal masks) and whenever the model is not fp16/bf16 (`dtype`; the flash kernels raise
@@ -62,8 +63,8 @@ def load_causal_lm(path: str, cfg: ExperimentConfig, device: str, trainable: boo
     if impl == attention.NAME:
         attention.register()
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, attn_implementation=impl,
-        trust_remote_code=cfg.model.trust_remote_code)
+        path, dtype=dtype, attn_implementation=impl, trust_remote_code=cfg.model.trust_remote_code
+    )
     model.config.use_cache = False
     for m in model.modules():  # RL fine-tuning runs without dropout (open-instruct, TRL)
         if isinstance(m, torch.nn.Dropout):

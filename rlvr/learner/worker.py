@@ -42,27 +42,54 @@ result is the mean over those steps of the true step loss."""
 
 def loss_config(cfg: ExperimentConfig) -> LossConfig:
     a = cfg.algorithm
-    return LossConfig(loss=a.loss, aggregation=a.aggregation, clip_eps_low=a.clip_eps_low,
-                      clip_eps_high=a.clip_eps_high, clip_delta=a.clip_delta, cispo_eps_max=a.cispo_eps_max,
-                      sapo_tau_pos=a.sapo_tau_pos, sapo_tau_neg=a.sapo_tau_neg, kl_beta=a.kl_beta,
-                      kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-                      max_completion_length=cfg.generation.max_new_tokens)
+    return LossConfig(
+        loss=a.loss,
+        aggregation=a.aggregation,
+        clip_eps_low=a.clip_eps_low,
+        clip_eps_high=a.clip_eps_high,
+        clip_delta=a.clip_delta,
+        cispo_eps_max=a.cispo_eps_max,
+        sapo_tau_pos=a.sapo_tau_pos,
+        sapo_tau_neg=a.sapo_tau_neg,
+        kl_beta=a.kl_beta,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        max_completion_length=cfg.generation.max_new_tokens,
+    )
 
 
 class LearnerWorker:
     """One data-parallel learner rank."""
 
-    def __init__(self, cfg: ExperimentConfig, model_path: str, rank: int, world_size: int,
-                 master_addr: str, master_port: int, device: str = "cpu", num_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        model_path: str,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        device: str = "cpu",
+        num_threads: int | None = None,
+    ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.cfg, self.rank, self.world_size, self.device = cfg, rank, world_size, device
         torch.manual_seed(cfg.seed + rank)
         if not dist.is_initialized() and (world_size > 1 or cfg.learner.backend == "deepspeed"):
-            os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                              WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-            dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank,
-                                    world_size=world_size, timeout=datetime.timedelta(seconds=600))
+            os.environ.update(
+                MASTER_ADDR=master_addr,
+                MASTER_PORT=str(master_port),
+                RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                LOCAL_RANK="0",
+            )
+            dist.init_process_group(
+                "nccl" if device.startswith("cuda") else "gloo",
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=600),
+            )
         model = load_causal_lm(model_path, cfg, device)
         self.backend: TorchBackend | DeepSpeedBackend
         if cfg.learner.backend == "deepspeed":
@@ -86,12 +113,20 @@ class LearnerWorker:
         a = self.cfg.learner.attention
         return "varlen" if a == "auto" else a
 
-    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return packed_logprobs(model, mb.input_ids.to(self.device), mb.position_ids.to(self.device),
-                               temperature=self.cfg.generation.temperature, attention=self._attention(),
-                               chunk_size=self.cfg.learner.logprob_chunk_size, return_entropy=with_entropy,
-                               entropy_requires_grad=self.cfg.algorithm.entropy_coef != 0,
-                               fused=self.cfg.learner.fused_head)
+    def _logprobs(
+        self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return packed_logprobs(
+            model,
+            mb.input_ids.to(self.device),
+            mb.position_ids.to(self.device),
+            temperature=self.cfg.generation.temperature,
+            attention=self._attention(),
+            chunk_size=self.cfg.learner.logprob_chunk_size,
+            return_entropy=with_entropy,
+            entropy_requires_grad=self.cfg.algorithm.entropy_coef != 0,
+            fused=self.cfg.learner.fused_head,
+        )
 
     @torch.no_grad()
     def _recompute(self, model: torch.nn.Module, batches: list[PackedBatch]) -> list[list[torch.Tensor]]:
@@ -119,13 +154,26 @@ class LearnerWorker:
                     lp, ent = self._logprobs(self.model, mb, with_entropy=True)
                     mask = mb.loss_mask.to(self.device)
                     l_old = old[bi][mi] if old is not None else lp.detach()
-                    is_w, m_corr = importance_weights(l_old, mb.engine_logprobs.to(self.device).to(lp.dtype), mask,
-                                                      self.corr_cfg, mb.sample_ids.to(self.device))
+                    is_w, m_corr = importance_weights(
+                        l_old,
+                        mb.engine_logprobs.to(self.device).to(lp.dtype),
+                        mask,
+                        self.corr_cfg,
+                        mb.sample_ids.to(self.device),
+                    )
                     loss, m_loss = policy_loss(
-                        lp, l_old, mb.advantages.to(self.device).to(lp.dtype), mask, self.loss_cfg,
-                        global_num_loss_tokens=pb.global_num_loss_tokens, global_num_samples=pb.global_num_samples,
-                        sample_ids=mb.sample_ids.to(self.device), ref_logprobs=ref[bi][mi] if ref else None,
-                        is_weights=is_w, entropy=ent)
+                        lp,
+                        l_old,
+                        mb.advantages.to(self.device).to(lp.dtype),
+                        mask,
+                        self.loss_cfg,
+                        global_num_loss_tokens=pb.global_num_loss_tokens,
+                        global_num_samples=pb.global_num_samples,
+                        sample_ids=mb.sample_ids.to(self.device),
+                        ref_logprobs=ref[bi][mi] if ref else None,
+                        is_weights=is_w,
+                        entropy=ent,
+                    )
                     # a micro-batch without loss tokens (a dummy that evens out ranks) still needs a graph:
                     # every rank must run backward so that ZeRO's gradient reductions line up
                     loss = loss + 0.0 * lp.sum()
@@ -136,20 +184,29 @@ class LearnerWorker:
                         break
                     self.backend.backward(loss, is_last=mi == len(pb.micro_batches) - 1)
                     if mask.any():
-                        self._record(metrics, {**m_loss, **m_corr}, num_tokens=float(mask.sum()),
-                                     num_steps=num_steps, num_epochs=a.num_epochs)
+                        self._record(
+                            metrics,
+                            {**m_loss, **m_corr},
+                            num_tokens=float(mask.sum()),
+                            num_steps=num_steps,
+                            num_epochs=a.num_epochs,
+                        )
                 grad_norm, ok = self._optimizer_step(finite)
                 metrics.add("learner/grad_norm", grad_norm if math.isfinite(grad_norm) else 0.0, "mean")
         self.version += 1
-        for key, value in {"learner/lr": self.backend.lr(), "learner/skipped_steps": float(self.num_skipped_steps),
-                           "learner/consecutive_skips": float(self.consecutive_skips),
-                           "learner/version": float(self.version)}.items():
+        for key, value in {
+            "learner/lr": self.backend.lr(),
+            "learner/skipped_steps": float(self.num_skipped_steps),
+            "learner/consecutive_skips": float(self.consecutive_skips),
+            "learner/version": float(self.version),
+        }.items():
             metrics.add(key, value, "max")  # equal on every rank
         return ReducedMetrics(metrics)
 
     @staticmethod
-    def _record(metrics: MetricReducer, values: dict[str, float], num_tokens: float, num_steps: int,
-                num_epochs: int) -> None:
+    def _record(
+        metrics: MetricReducer, values: dict[str, float], num_tokens: float, num_steps: int, num_epochs: int
+    ) -> None:
         """One micro-batch's loss/correction metrics: step-loss shares and token counts summed, `_max`/`_min`
         extremes, the rest (per-token means over the micro-batch's loss tokens) token-weighted means."""
         for key, value in values.items():
@@ -208,10 +265,15 @@ class LearnerWorker:
         pos = torch.arange(ids.shape[1]).unsqueeze(0)
         with self.backend.gathered() as model:
             model.eval()
-            lp, _ = packed_logprobs(model, ids.to(self.device), pos.to(self.device),
-                                    temperature=self.cfg.generation.temperature, attention="varlen")
+            lp, _ = packed_logprobs(
+                model,
+                ids.to(self.device),
+                pos.to(self.device),
+                temperature=self.cfg.generation.temperature,
+                attention="varlen",
+            )
             model.train()
-        return lp[0, len(prompt_token_ids):].float().tolist()
+        return lp[0, len(prompt_token_ids) :].float().tolist()
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, path: str, hf_dir: str | None, tokenizer_dir: str | None) -> None:
@@ -221,13 +283,23 @@ class LearnerWorker:
         p.mkdir(parents=True, exist_ok=True)
         self.backend.save(p)
         version, internal, gauss = random.getstate()  # plain ints, stored as lists: loadable with weights_only
-        torch.save({"torch": torch.get_rng_state(), "python": [version, list(internal), gauss],
-                    "version": self.version, "skipped": self.num_skipped_steps}, p / f"rng_rank{self.rank}.pt")
+        torch.save(
+            {
+                "torch": torch.get_rng_state(),
+                "python": [version, list(internal), gauss],
+                "version": self.version,
+                "skipped": self.num_skipped_steps,
+            },
+            p / f"rng_rank{self.rank}.pt",
+        )
         full = self.backend.full_state_dict()  # ZeRO-3: gathered module by module onto rank 0's CPU
         if self.rank == 0 and hf_dir and self.lora is not None:  # the adapter (PEFT format) + the base's config
             Path(hf_dir).mkdir(parents=True, exist_ok=True)
-            lora.write_adapter_files(lora.adapter_tensors(self.model).items(),
-                                     lora.adapter_config_dict(self.lora, self.model_path), Path(hf_dir))
+            lora.write_adapter_files(
+                lora.adapter_tensors(self.model).items(),
+                lora.adapter_config_dict(self.lora, self.model_path),
+                Path(hf_dir),
+            )
             self.model.get_base_model().config.save_pretrained(hf_dir)
         elif self.rank == 0 and hf_dir:
             self.backend.model.save_pretrained(hf_dir, safe_serialization=True, state_dict=full)
@@ -258,8 +330,9 @@ class LearnerWorker:
             missing, unexpected = model.load_state_dict(state, strict=False)
             missing = [m for m in missing if not m.endswith("lm_head.weight")]
             if missing or unexpected:
-                raise ValueError(f"checkpoint {hf_dir} does not match the model: missing {missing[:5]}, "
-                                 f"unexpected {unexpected[:5]}")
+                raise ValueError(
+                    f"checkpoint {hf_dir} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+                )
         self._load_state(p)
 
     def _load_state(self, p: Path) -> None:

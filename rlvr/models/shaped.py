@@ -14,14 +14,32 @@ from pathlib import Path
 from typing import Any
 
 SHAPES: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         intermediate_size=8960, tie_word_embeddings=True),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        intermediate_size=8960,
+        tie_word_embeddings=True,
+    ),
     # untied head like the real 7B (whose vocabulary is 152,064; this one keeps the shared 151,936): 7.6B parameters,
     # too many for full fine-tuning on one 80 GB GPU, the LoRA bench's single-GPU shape (configs/gpu-lora-7b.yaml)
-    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, tie_word_embeddings=False),
+    "qwen2.5-7b": dict(
+        hidden_size=3584,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        tie_word_embeddings=False,
+    ),
 }
 VOCAB_SIZE = 151936
 EOS = "<|endoftext|>"
@@ -55,8 +73,15 @@ def build_shaped_model_dir(shape: str, corpus: list[str], out_dir: str | Path, s
     if marker.is_file() and json.loads(marker.read_text()).get("shape") == shape:
         return out
     tok = build_tokenizer(corpus)
-    cfg = Qwen2Config(vocab_size=VOCAB_SIZE, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
-                      bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, **SHAPES[shape])
+    cfg = Qwen2Config(
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        **SHAPES[shape],
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
     out.mkdir(parents=True, exist_ok=True)

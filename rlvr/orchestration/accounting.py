@@ -31,8 +31,9 @@ class PromptLedger:
     def finish(self, prompt_id: str, state: str, reason: str | None = None) -> None:
         assert state in TERMINAL, state
         if prompt_id not in self.in_flight:
-            raise AssertionError(f"prompt {prompt_id} finished as {state} but was not in flight "
-                                 f"(already {self.state.get(prompt_id)!r})")
+            raise AssertionError(
+                f"prompt {prompt_id} finished as {state} but was not in flight (already {self.state.get(prompt_id)!r})"
+            )
         self.in_flight.remove(prompt_id)
         self.state[prompt_id] = state
         if reason:
@@ -69,8 +70,12 @@ class PromptLedger:
         return {f"data/prompts_{k}": float(v) for k, v in self.counts().items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"state": dict(self.state), "in_flight": sorted(self.in_flight), "extra_pulled": dict(self.extra_pulled),
-                "failure_reasons": dict(self.failure_reasons)}
+        return {
+            "state": dict(self.state),
+            "in_flight": sorted(self.in_flight),
+            "extra_pulled": dict(self.extra_pulled),
+            "failure_reasons": dict(self.failure_reasons),
+        }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.state = dict(d["state"])

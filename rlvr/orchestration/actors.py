@@ -23,8 +23,9 @@ from rlvr.orchestration.health import ActorFailure, EngineFailure, LearnerFailur
 from rlvr.types import PromptRequest, RewardResult, Sample
 
 
-def actor_get(refs: Any, failure: type[ActorFailure], what: str, timeout_s: float, index: int | None = None,
-              setting: str = "") -> Any:
+def actor_get(
+    refs: Any, failure: type[ActorFailure], what: str, timeout_s: float, index: int | None = None, setting: str = ""
+) -> Any:
     """ray.get on calls to actors of one role (`failure`: EngineFailure or LearnerFailure): a dead or hung actor
     becomes that failure naming it. `refs`: one ref (the call to actor `index`) or a list, one per actor in order
     (which one died is probed; a timeout names `index`, default 0). `setting`: the flag that sets `timeout_s`."""
@@ -78,7 +79,9 @@ class _Base:
 class EngineActor(_Base):
     """A generation engine (transformers on CPU, vLLM on GPU) plus its end of the weight-sync group."""
 
-    def __init__(self, cfg: ExperimentConfig, model_path: str, engine_id: int, device: str, initial_version: int = 0) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, model_path: str, engine_id: int, device: str, initial_version: int = 0
+    ) -> None:
         from rlvr.telemetry.logs import setup_logging
 
         setup_logging("engine", engine_id, cfg.logging.level)
@@ -86,20 +89,31 @@ class EngineActor(_Base):
         if cfg.rollout.backend == "vllm":
             from rlvr.rollout.vllm_engine import VLLMEngine
 
-            self.engine = VLLMEngine(model_path, engine_id, cfg=cfg, initial_version=initial_version,
-                                     ignore_eos=bool(os.environ.get("RLVR_IGNORE_EOS")),
-                                     # TP workers as local processes on this actor's GPUs (vLLM's Ray executor
-                                     # loses the placement-group context inside an actor; open-instruct does the same)
-                                     distributed_executor_backend="mp" if cfg.cluster.engine_tp > 1 else None)
+            self.engine = VLLMEngine(
+                model_path,
+                engine_id,
+                cfg=cfg,
+                initial_version=initial_version,
+                ignore_eos=bool(os.environ.get("RLVR_IGNORE_EOS")),
+                # TP workers as local processes on this actor's GPUs (vLLM's Ray executor
+                # loses the placement-group context inside an actor; open-instruct does the same)
+                distributed_executor_backend="mp" if cfg.cluster.engine_tp > 1 else None,
+            )
         else:
             from rlvr.rollout.hf_engine import TransformersEngine
             from rlvr.rollout.lora import LoraSpec
 
             self.engine = TransformersEngine(
-                model_path, engine_id, device=device, dtype=_engine_dtype(cfg, device),
-                max_batch_size=cfg.rollout.engine_batch_size, inflight_updates=cfg.rollout.inflight_updates,
+                model_path,
+                engine_id,
+                device=device,
+                dtype=_engine_dtype(cfg, device),
+                max_batch_size=cfg.rollout.engine_batch_size,
+                inflight_updates=cfg.rollout.inflight_updates,
                 num_threads=max(1, int(cfg.cluster.cpus_per_actor)) if device == "cpu" else None,
-                initial_version=initial_version, lora=LoraSpec.from_config(cfg))
+                initial_version=initial_version,
+                lora=LoraSpec.from_config(cfg),
+            )
         self.receiver: Any = None  # a rlvr.weight_sync.transport.WeightReceiver, from init_weight_sync
 
     def submit(self, requests: list[PromptRequest]) -> None:
@@ -123,14 +137,23 @@ class EngineActor(_Base):
     def abort_all(self) -> list[str]:
         return self.engine.abort_all()
 
-    def init_weight_sync(self, addr: str, port: int, rank: int, world_size: int, timeout_s: float,
-                         transport: str = "gloo") -> None:
+    def init_weight_sync(
+        self, addr: str, port: int, rank: int, world_size: int, timeout_s: float, transport: str = "gloo"
+    ) -> None:
         """Join learner rank 0's weight-sync group as `rank` (`rlvr.weight_sync.transport.make_receiver`)."""
         from rlvr.weight_sync.transport import make_receiver
 
         old, self.receiver = self.receiver, None
-        self.receiver = make_receiver(transport, self.engine, addr=addr, port=port, rank=rank,
-                                      world_size=world_size, timeout_s=timeout_s, lora=self.cfg.learner.lora_rank > 0)
+        self.receiver = make_receiver(
+            transport,
+            self.engine,
+            addr=addr,
+            port=port,
+            rank=rank,
+            world_size=world_size,
+            timeout_s=timeout_s,
+            lora=self.cfg.learner.lora_rank > 0,
+        )
         if old is not None:
             old.close()
 
@@ -171,8 +194,16 @@ class LearnerActor(_Base):
         self.rank = -1
         self.sender: Any = None  # a rlvr.weight_sync.transport.WeightSender, from init_weight_sync
 
-    def setup(self, cfg: ExperimentConfig, model_path: str, rank: int, world_size: int,
-              master_addr: str, master_port: int, device: str) -> None:
+    def setup(
+        self,
+        cfg: ExperimentConfig,
+        model_path: str,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        device: str,
+    ) -> None:
         """Build the rank (after rank 0's address is known: it hosts the data-parallel rendezvous)."""
         from rlvr.learner.worker import LearnerWorker
         from rlvr.telemetry.logs import setup_logging
@@ -185,22 +216,33 @@ class LearnerActor(_Base):
     def train_batch(self, batches: list) -> dict[str, float]:
         return self.worker.train_batch(batches)
 
-    def init_weight_sync(self, addr: str, port: int, world_size: int, timeout_s: float,
-                         transport: str = "gloo") -> dict | None:
+    def init_weight_sync(
+        self, addr: str, port: int, world_size: int, timeout_s: float, transport: str = "gloo"
+    ) -> dict | None:
         """This rank's end of the learner -> engines transport (rank 0 hosts the group at addr:port); returns what
         the engines need ahead of every update (NCCL metadata, from rank 0), else None."""
         from rlvr.weight_sync.transport import make_sender
 
         old, self.sender = self.sender, None
-        self.sender = make_sender(transport, rank=self.rank, addr=addr, port=port, world_size=world_size,
-                                  timeout_s=timeout_s, named_weights=self.worker.named_weights,
-                                  lora=self.worker.lora, model_path=self.worker.model_path, previous=old)
+        self.sender = make_sender(
+            transport,
+            rank=self.rank,
+            addr=addr,
+            port=port,
+            world_size=world_size,
+            timeout_s=timeout_s,
+            named_weights=self.worker.named_weights,
+            lora=self.worker.lora,
+            model_path=self.worker.model_path,
+            previous=old,
+        )
         if old is not None and old is not self.sender:
             old.close()
         return self.sender.engine_info()
 
     def send_weights(self, engines: list | None = None, version: int = 0) -> dict[str, Any]:
         """Every rank takes part (ZeRO-3 gathers); rank 0 transfers. `engines`: where rank 0 delivers IPC chunks."""
+
         def deliver(info: dict) -> None:
             ray.get([e.update_weights_chunk.remote(info) for e in engines or []], timeout=600)
 

@@ -36,8 +36,10 @@ DRIVER_STATE = "driver.json"
 """The driver's state (step, prompt ledger, stream position, prompts in flight), under `trainer_state/`."""
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".bin", ".pth")
 """Files of these kinds are never loaded from a checkpoint: unpickling them runs arbitrary code."""
-FRESH_START_HINT = ("start a new run beside it with another --logging.run-name, or start this run over from step "
-                    "0 with --checkpoint.resume never (its metrics and checkpoints are then replaced)")
+FRESH_START_HINT = (
+    "start a new run beside it with another --logging.run-name, or start this run over from step "
+    "0 with --checkpoint.resume never (its metrics and checkpoints are then replaced)"
+)
 
 
 class CheckpointError(ValueError):
@@ -214,7 +216,7 @@ class RunDir:
             if known or (known is None and verify_manifest(ckpts[i], checksums=False) is None):
                 kept += 1
                 if kept == max(1, keep_last):
-                    for p in ckpts[:min(i, keep_from)]:
+                    for p in ckpts[: min(i, keep_from)]:
                         shutil.rmtree(p, ignore_errors=True)
                         self._verified.pop(p.name, None)
                     return
@@ -243,17 +245,22 @@ class RunDir:
             skipped.append(f"  {p}: {reason}")
             logger.warning("skipping checkpoint %s: %s; trying the previous one", p, reason)
         if skipped:
-            raise CheckpointError(f"run {self.root} has checkpoints but none is usable:\n" + "\n".join(skipped)
-                                  + f"\nNothing was changed. Restore one of them, or {FRESH_START_HINT}.")
+            raise CheckpointError(
+                f"run {self.root} has checkpoints but none is usable:\n"
+                + "\n".join(skipped)
+                + f"\nNothing was changed. Restore one of them, or {FRESH_START_HINT}."
+            )
         return None
 
 
 def _refuse_unsafe(ckpt: Path) -> None:
     reason = unsafe_content(ckpt)
     if reason:
-        raise CheckpointError(f"checkpoint {ckpt} refused: {reason}. rlvr writes checkpoints as JSON, safetensors "
-                              f"and weights-only torch files; this one was not written by this rlvr or was altered. "
-                              f"Nothing was loaded. Remove it, or {FRESH_START_HINT}.")
+        raise CheckpointError(
+            f"checkpoint {ckpt} refused: {reason}. rlvr writes checkpoints as JSON, safetensors "
+            f"and weights-only torch files; this one was not written by this rlvr or was altered. "
+            f"Nothing was loaded. Remove it, or {FRESH_START_HINT}."
+        )
 
 
 def write_json(path: Path, data: Any) -> None:

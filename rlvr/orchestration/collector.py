@@ -52,10 +52,17 @@ task costs only that many rounds of generation per step."""
 class RolloutCollector:
     """Owns the prompts between the stream and the learner (module docstring)."""
 
-    def __init__(self, feeder: RolloutFeeder, ledger: PromptLedger, rollout: Any, shaping: ShapingConfig,
-                 score: Callable[[list[Group]], float], on_idle: Callable[[], None] | None = None,
-                 on_engine_failure: Callable[[EngineFailure], None] | None = None,
-                 no_signal_rounds: int = NO_SIGNAL_ROUNDS) -> None:
+    def __init__(
+        self,
+        feeder: RolloutFeeder,
+        ledger: PromptLedger,
+        rollout: Any,
+        shaping: ShapingConfig,
+        score: Callable[[list[Group]], float],
+        on_idle: Callable[[], None] | None = None,
+        on_engine_failure: Callable[[EngineFailure], None] | None = None,
+        no_signal_rounds: int = NO_SIGNAL_ROUNDS,
+    ) -> None:
         self.feeder, self.ledger, self.cfg, self.shaping = feeder, ledger, rollout, shaping
         self.score, self.on_idle, self.no_signal_rounds = score, on_idle, no_signal_rounds
         self.on_engine_failure = on_engine_failure or _reraise
@@ -91,12 +98,15 @@ class RolloutCollector:
             self.budget += self.batch  # another round of this step's worth
             if round_ < self.no_signal_rounds:
                 self._finish_all(uninformative, "filtered")
-                logger.warning("step %d: no informative group among the resolved prompts; collecting again",
-                               step + 1)
+                logger.warning("step %d: no informative group among the resolved prompts; collecting again", step + 1)
         else:
-            logger.warning("%d collection rounds without an informative group (all-correct %d, all-wrong %d): "
-                           "training on zero-advantage groups", self.no_signal_rounds,
-                           metrics.get("data/groups_all_correct", 0), metrics.get("data/groups_all_wrong", 0))
+            logger.warning(
+                "%d collection rounds without an informative group (all-correct %d, all-wrong %d): "
+                "training on zero-advantage groups",
+                self.no_signal_rounds,
+                metrics.get("data/groups_all_correct", 0),
+                metrics.get("data/groups_all_wrong", 0),
+            )
             groups = uninformative
         groups.sort(key=lambda g: self.feeder.order(g.prompt_id))  # deterministic batch order
         return groups, metrics
@@ -123,8 +133,9 @@ class RolloutCollector:
 
         while not full():
             try:
-                n = self.feeder.top_up(min(self.budget, max(0, max_pulls - pulls)),
-                                       limit=self.window - len(self.pending) - len(kept))
+                n = self.feeder.top_up(
+                    min(self.budget, max(0, max_pulls - pulls)), limit=self.window - len(self.pending) - len(kept)
+                )
             except EngineFailure as e:
                 self.on_engine_failure(e)
                 continue
@@ -146,8 +157,12 @@ class RolloutCollector:
             groups.sort(key=lambda g: min(s.version_start for s in g.samples))  # oldest first: fewer stale drops
             for g in groups:
                 if is_stale(g, step, r.async_steps):
-                    logger.debug("dropping stale group %s: version_start %s at learner version %d", g.prompt_id,
-                                 sorted({smp.version_start for smp in g.samples}), step)
+                    logger.debug(
+                        "dropping stale group %s: version_start %s at learner version %d",
+                        g.prompt_id,
+                        sorted({smp.version_start for smp in g.samples}),
+                        step,
+                    )
                     self.finish(g.prompt_id, "dropped_stale")
                     self.budget += 1  # regenerate it with fresh weights
                     m["rollout/dropped_stale"] += 1
@@ -187,27 +202,31 @@ class VerifierScorer:
 
     def __call__(self, groups: list[Group]) -> float:
         t0 = time.perf_counter()
-        items = [(s.completion_text, {**s.metadata, "finish_reason": s.finish_reason}, s.completion_token_ids)
-                 for g in groups for s in g.samples]
+        items = [
+            (s.completion_text, {**s.metadata, "finish_reason": s.finish_reason}, s.completion_token_ids)
+            for g in groups
+            for s in g.samples
+        ]
         if not items:
             return 0.0
         outs = self._score_items(items)
         results = [None] * len(items)
         for i, out in enumerate(outs):
-            results[i::len(outs)] = out
+            results[i :: len(outs)] = out
         k = 0
         for g in groups:
-            g.rewards = results[k:k + g.num_samples]
+            g.rewards = results[k : k + g.num_samples]
             k += g.num_samples
         return time.perf_counter() - t0
 
     def _score_items(self, items: list) -> list:
         for attempt in (1, 2):
             verifiers = self.actors.verifiers
-            chunks = [items[i::len(verifiers)] for i in range(len(verifiers))]
+            chunks = [items[i :: len(verifiers)] for i in range(len(verifiers))]
             try:
-                return ray.get([v.score.remote(c, self.timeout) for v, c in zip(verifiers, chunks)],
-                               timeout=self.timeout)
+                return ray.get(
+                    [v.score.remote(c, self.timeout) for v, c in zip(verifiers, chunks)], timeout=self.timeout
+                )
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 if attempt == 2:
                     raise

@@ -45,9 +45,18 @@ logger = get_logger(__name__)
 class Trainer:
     """Drives already-created actors (see `rlvr.orchestration.run`)."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: RunDir, actors: Any, stream: Any, eval_requests: list,
-                 model_dir: str, pad_token_id: int, wandb: Any = None, fault_hooks: faults.NoFaults | None = None,
-                 ) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        run_dir: RunDir,
+        actors: Any,
+        stream: Any,
+        eval_requests: list,
+        model_dir: str,
+        pad_token_id: int,
+        wandb: Any = None,
+        fault_hooks: faults.NoFaults | None = None,
+    ) -> None:
         self.cfg, self.run_dir, self.actors = cfg, run_dir, actors
         self.model_dir, self.pad_token_id = model_dir, pad_token_id
         self.eval_requests = eval_requests
@@ -63,10 +72,26 @@ class Trainer:
         self.weights = WeightUpdater(actors, self.timeout)
         self.score = VerifierScorer(actors, self.timeout)
         shaping = ShapingConfig.from_config(a, cfg.generation.max_new_tokens)
-        self.collector = RolloutCollector(self.feeder, self.ledger, cfg.rollout, shaping, self.score,
-                                          on_idle=self._health, on_engine_failure=self._replace_engine)
-        self.evals = Evaluator(cfg, actors, eval_requests, self.feeder, self.collector, self.score, self.log,
-                               self._replace_engine, self.faults)
+        self.collector = RolloutCollector(
+            self.feeder,
+            self.ledger,
+            cfg.rollout,
+            shaping,
+            self.score,
+            on_idle=self._health,
+            on_engine_failure=self._replace_engine,
+        )
+        self.evals = Evaluator(
+            cfg,
+            actors,
+            eval_requests,
+            self.feeder,
+            self.collector,
+            self.score,
+            self.log,
+            self._replace_engine,
+            self.faults,
+        )
         self.signals: Any = None  # StopSignals of the process, set by run.train
         self.stopped = False
         self.saved_step = -1  # the step of the last checkpoint written or restored
@@ -84,9 +109,13 @@ class Trainer:
         groups, m = collected
         m.update(assign_group_advantages(groups, self.adv_cfg))
         per_rank, pack_metrics = pack_step(
-            groups, num_mini_batches=self.cfg.algorithm.num_mini_batches, pack_length=self.cfg.learner.pack_length,
-            num_ranks=len(self.actors.learners), micro_batch_rows=self.cfg.learner.micro_batch_rows,
-            pad_token_id=self.pad_token_id)
+            groups,
+            num_mini_batches=self.cfg.algorithm.num_mini_batches,
+            pack_length=self.cfg.learner.pack_length,
+            num_ranks=len(self.actors.learners),
+            micro_batch_rows=self.cfg.learner.micro_batch_rows,
+            pad_token_id=self.pad_token_id,
+        )
         m.update(pack_metrics)
         m.update(self._train(per_rank))
         self.evals.finish()  # an overlapped eval must see the previous weights only (logged to eval.jsonl)
@@ -108,8 +137,9 @@ class Trainer:
             self.evals.finish()  # asleep, the engines could not finish an overlapped eval
             self.weights.sleep_engines()
         self.faults.before_train(self.step + 1, self.actors)
-        outs = learner_get([lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)],
-                           "train_batch", self.timeout)
+        outs = learner_get(
+            [lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)], "train_batch", self.timeout
+        )
         self.step += 1
         self.collector.advance()
         return {**reduce_all(outs), "time/train": time.perf_counter() - t0}
@@ -135,8 +165,11 @@ class Trainer:
     def _throughput(self, groups: list[Group], wall: float) -> dict[str, float]:
         num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
         num_workers = len(self.actors.learners) + len(self.actors.engines)
-        return {"time/step": wall, "perf/tokens_per_s": num_tokens / wall,
-                "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers}
+        return {
+            "time/step": wall,
+            "perf/tokens_per_s": num_tokens / wall,
+            "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers,
+        }
 
     def _eval_after_step(self) -> dict[str, float]:
         cfg = self.cfg.eval
@@ -166,10 +199,12 @@ class Trainer:
         i = failure.index
         self.engine_restarts += 1
         if self.engine_restarts > self.cfg.cluster.max_engine_restarts:
-            raise RuntimeError(f"{failure}; --cluster.max-engine-restarts {self.cfg.cluster.max_engine_restarts} "
-                               "used up") from failure
-        logger.error("%s: replacing it (restart %d of %d)", failure, self.engine_restarts,
-                     self.cfg.cluster.max_engine_restarts)
+            raise RuntimeError(
+                f"{failure}; --cluster.max-engine-restarts {self.cfg.cluster.max_engine_restarts} used up"
+            ) from failure
+        logger.error(
+            "%s: replacing it (restart %d of %d)", failure, self.engine_restarts, self.cfg.cluster.max_engine_restarts
+        )
         ray.kill(self.actors.engines[i])
         self.evals.drop()
         requeued = self.feeder.requeue_from(i)
@@ -178,16 +213,20 @@ class Trainer:
         self.watch.reset(i)
         self.actors.factory.connect_weight_sync(self.actors)
         self.weights.sync(self.step)
-        self.failures.append({"step": self.step, "actor": f"engine {i}", "reason": failure.reason,
-                              "requeued_prompts": len(requeued)})
+        self.failures.append(
+            {"step": self.step, "actor": f"engine {i}", "reason": failure.reason, "requeued_prompts": len(requeued)}
+        )
         logger.info("engine %d replaced at version %d; %d prompts re-queued", i, self.step, len(requeued))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
         tmp = self.run_dir.tmp_checkpoint(self.step)
         state = tmp / "trainer_state"
-        learner_get([lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners], "save",
-                    self.timeout)
+        learner_get(
+            [lrn.save.remote(str(state), str(tmp), self.model_dir) for lrn in self.actors.learners],
+            "save",
+            self.timeout,
+        )
         self.faults.during_checkpoint(self.step)
         feeder = self.feeder.state_dict(self.ledger.in_flight)
         feeder["requeue"] = [request_to_json(r) for r in feeder["requeue"]]
@@ -213,9 +252,11 @@ class Trainer:
             if isinstance(e.cause, RuntimeError) and "size mismatch" in str(e.cause):
                 # torch's load_state_dict on tensors of other shapes (e.g. another vocabulary): check_compatible
                 # refuses the known cases before start-up; this catches the rest without a traceback
-                raise CheckpointError(f"checkpoint {ckpt}: its weights do not fit the configured model "
-                                      f"({str(e.cause).strip()[:2000]}). Resume with the model settings it was "
-                                      f"trained with, or {FRESH_START_HINT}.") from None
+                raise CheckpointError(
+                    f"checkpoint {ckpt}: its weights do not fit the configured model "
+                    f"({str(e.cause).strip()[:2000]}). Resume with the model settings it was "
+                    f"trained with, or {FRESH_START_HINT}."
+                ) from None
             raise
         self.step = self.saved_step = d["step"]
         self.ledger.load_state_dict(d["ledger"])
@@ -244,18 +285,24 @@ class Trainer:
                 return self._end_of_data(last)
             last = m
             if m.get("learner/consecutive_skips", 0) >= self.cfg.learner.max_consecutive_skips:
-                raise RuntimeError(f"{int(m['learner/consecutive_skips'])} optimizer steps in a row were skipped "
-                                   "for a non-finite loss or gradient (--learner.max-consecutive-skips "
-                                   f"{self.cfg.learner.max_consecutive_skips}): lower --learner.lr, check the "
-                                   "rewards and the data")
+                raise RuntimeError(
+                    f"{int(m['learner/consecutive_skips'])} optimizer steps in a row were skipped "
+                    "for a non-finite loss or gradient (--learner.max-consecutive-skips "
+                    f"{self.cfg.learner.max_consecutive_skips}): lower --learner.lr, check the "
+                    "rewards and the data"
+                )
         return last
 
     def _end_of_data(self, last: dict[str, float]) -> dict[str, float]:
         """The data ran out before num_steps: end as at num_steps, losing nothing trained: the eval in flight is
         written, the last weights get their eval if none measured them, and the final checkpoint is saved."""
         last.update(self.evals.finish())
-        if (self.step > 0 and self.eval_requests and self.cfg.eval.every_n_steps
-                and self.evals.evaluated_step != self.step):
+        if (
+            self.step > 0
+            and self.eval_requests
+            and self.cfg.eval.every_n_steps
+            and self.evals.evaluated_step != self.step
+        ):
             last.update(self.evals.evaluate(self.step))
         if self.step > 0 and self.cfg.checkpoint.save_final and self.saved_step != self.step:
             self.save_checkpoint()
@@ -266,8 +313,9 @@ class Trainer:
         if self.step == 0:  # nothing trained: a fresh start later loses nothing
             logger.warning("stop requested (%s) before the first step: no checkpoint needed", self.signals.requested)
         elif self.saved_step == self.step:
-            logger.warning("stop requested (%s) at step %d: its checkpoint is already written", self.signals.requested,
-                           self.step)
+            logger.warning(
+                "stop requested (%s) at step %d: its checkpoint is already written", self.signals.requested, self.step
+            )
         else:
             logger.warning("stop requested (%s) at step %d: writing a checkpoint", self.signals.requested, self.step)
             self.save_checkpoint()

@@ -38,9 +38,18 @@ class Evaluator:
     `collector` keeps the training groups that arrive while an eval is awaited; `on_engine_failure` replaces a
     failed engine (and calls `drop`: the eval in flight is lost, the run goes on)."""
 
-    def __init__(self, cfg: Any, actors: Any, requests: list, feeder: Any, collector: Any,
-                 score: Callable[[list[Group]], float], log: Any,
-                 on_engine_failure: Callable[[EngineFailure], None], faults: NoFaults | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        actors: Any,
+        requests: list,
+        feeder: Any,
+        collector: Any,
+        score: Callable[[list[Group]], float],
+        log: Any,
+        on_engine_failure: Callable[[EngineFailure], None],
+        faults: NoFaults | None = None,
+    ) -> None:
         self.cfg, self.actors, self.requests, self.feeder, self.collector = cfg, actors, requests, feeder, collector
         self.score, self.log, self.on_engine_failure = score, log, on_engine_failure
         self.faults = faults or NoFaults()
@@ -61,8 +70,12 @@ class Evaluator:
             return
         self.feeder.eval_samples = []
         logger.info("eval of step %d started (%d prompts)", step, len(self.requests))
-        self.inflight = {"step": step, "t0": time.perf_counter(), "overlapped": overlapped,
-                         "expected": {(r.prompt_id, j) for r in self.requests for j in range(r.num_samples)}}
+        self.inflight = {
+            "step": step,
+            "t0": time.perf_counter(),
+            "overlapped": overlapped,
+            "expected": {(r.prompt_id, j) for r in self.requests for j in range(r.num_samples)},
+        }
         n = len(self.actors.engines)
         try:
             for i, (e, part) in enumerate(zip(self.actors.engines, [self.requests[i::n] for i in range(n)])):
@@ -92,8 +105,12 @@ class Evaluator:
         metrics["time/eval"] = time.perf_counter() - ev["t0"]
         self.evaluated_step = ev["step"]
         # a blocking eval's metrics go to wandb with its step's
-        self.log.eval(ev["step"], metrics, sample_records(glist, ev["step"], self.cfg.logging.num_logged_samples),
-                      to_wandb=ev["overlapped"])
+        self.log.eval(
+            ev["step"],
+            metrics,
+            sample_records(glist, ev["step"], self.cfg.logging.num_logged_samples),
+            to_wandb=ev["overlapped"],
+        )
         return metrics
 
     def _wait(self, ev: dict[str, Any]) -> dict[tuple[str, int], Sample] | None:

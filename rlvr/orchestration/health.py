@@ -72,8 +72,10 @@ class EngineWatch:
             return None
         idle = now - self.last_move[index]
         if idle > self.timeout_s:
-            return (f"stuck: {outstanding} prompts outstanding and no token generated for {idle:.0f}s "
-                    f"(--cluster.heartbeat-timeout-s {self.timeout_s:g})")
+            return (
+                f"stuck: {outstanding} prompts outstanding and no token generated for {idle:.0f}s "
+                f"(--cluster.heartbeat-timeout-s {self.timeout_s:g})"
+            )
         return None
 
 

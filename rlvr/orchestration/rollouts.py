@@ -134,8 +134,10 @@ class RolloutFeeder:
                 if len(groups) >= min_groups:
                     break
                 if time.time() > deadline:
-                    raise TimeoutError(f"no rollouts within --rollout.timeout-s {self.timeout_s}: {len(self.outstanding)}"
-                                       f" prompts outstanding on {len(self.engines)} engines")
+                    raise TimeoutError(
+                        f"no rollouts within --rollout.timeout-s {self.timeout_s}: {len(self.outstanding)}"
+                        f" prompts outstanding on {len(self.engines)} engines"
+                    )
                 time.sleep(0.005)
         except EngineFailure:
             self.arrived = groups + self.arrived  # what arrived before the failure is not lost with it

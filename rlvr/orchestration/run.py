@@ -88,8 +88,10 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
 
     corpus = tiny_model_corpus(cfg)  # the same text check_compatible derives the vocabulary size from
     if not corpus:
-        raise ValueError("--model.path builtin:tiny trains its tokenizer on the datasets' text, and hub datasets "
-                         "are not read for it: give a local dataset file, a `builtin:<task>`, or a real model path")
+        raise ValueError(
+            "--model.path builtin:tiny trains its tokenizer on the datasets' text, and hub datasets "
+            "are not read for it: give a local dataset file, a `builtin:<task>`, or a real model path"
+        )
     return str(build_tiny_model_dir(cfg.model, corpus, run_dir.path("builtin_model"), cfg.seed))
 
 
@@ -110,8 +112,10 @@ def _check_output_dir(cfg: ExperimentConfig, run_dir: RunDir) -> None:
         raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: not writable ({e})") from e
     free_gb = shutil.disk_usage(run_dir.root).free / 1e9
     if free_gb < cfg.checkpoint.min_free_gb:
-        raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: only {free_gb:.2f} GB free, "
-                         f"--checkpoint.min-free-gb is {cfg.checkpoint.min_free_gb:g}")
+        raise ValueError(
+            f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: only {free_gb:.2f} GB free, "
+            f"--checkpoint.min-free-gb is {cfg.checkpoint.min_free_gb:g}"
+        )
 
 
 def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tuple[bool, Any]:
@@ -128,13 +132,17 @@ def _start_ray(cfg: ExperimentConfig, signals: StopSignals | None = None) -> tup
         from rlvr.launch.local_cluster import LocalRayHead
 
         need = (cfg.cluster.num_learners + cfg.cluster.num_engines) * cfg.cluster.cpus_per_actor
-        head = LocalRayHead(num_cpus=max(os.cpu_count() or 1, int(need) + 1), include_dashboard=False,
-                            own_session=True).start()
+        head = LocalRayHead(
+            num_cpus=max(os.cpu_count() or 1, int(need) + 1), include_dashboard=False, own_session=True
+        ).start()
         address = head.address
     try:
         with handlers_kept(signals):
-            ray.init(address=address, log_to_driver=True,  # Ray's own INFO lines only at DEBUG
-                     logging_level="DEBUG" if cfg.logging.level == "DEBUG" else "WARNING")
+            ray.init(
+                address=address,
+                log_to_driver=True,  # Ray's own INFO lines only at DEBUG
+                logging_level="DEBUG" if cfg.logging.level == "DEBUG" else "WARNING",
+            )
     except BaseException:
         if head is not None:
             head.stop()
@@ -183,8 +191,12 @@ class ActorFactory:
             bundles = [{"GPU": 1, "CPU": 2 * c.cpus_per_actor} for _ in range(max(c.num_learners, c.num_engines))]
             self.colocate_pg = ray.util.placement_group(bundles, strategy="PACK", name="rlvr-colocated")
             ray.get(self.colocate_pg.ready(), timeout=c.actor_timeout_s)
-        return {**opts, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            self.colocate_pg, placement_group_bundle_index=index)}
+        return {
+            **opts,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.colocate_pg, placement_group_bundle_index=index
+            ),
+        }
 
     def learners(self) -> list:
         import ray
@@ -192,11 +204,17 @@ class ActorFactory:
         from rlvr.orchestration.actors import LearnerActor
 
         c, timeout = self.cfg.cluster, self.cfg.cluster.actor_timeout_s
-        learners = [LearnerActor.options(**self.colocated_options(self.learner_opts, r)).remote()
-                    for r in range(c.num_learners)]
+        learners = [
+            LearnerActor.options(**self.colocated_options(self.learner_opts, r)).remote() for r in range(c.num_learners)
+        ]
         addr, port = ray.get(learners[0].address.remote(), timeout=timeout)  # rank 0 hosts the rendezvous
-        ray.get([a.setup.remote(self.cfg, self.model_dir, r, c.num_learners, addr, port, self.device)
-                 for r, a in enumerate(learners)], timeout=timeout)
+        ray.get(
+            [
+                a.setup.remote(self.cfg, self.model_dir, r, c.num_learners, addr, port, self.device)
+                for r, a in enumerate(learners)
+            ],
+            timeout=timeout,
+        )
         return learners
 
     def engine(self, index: int, version: int = 0) -> Any:
@@ -213,8 +231,11 @@ class ActorFactory:
             old = self.placement_groups.pop(index, None)
             if old is not None:
                 ray.util.remove_placement_group(old)
-            pg = ray.util.placement_group([{"GPU": tp, "CPU": max(1.0, self.cfg.cluster.cpus_per_actor)}],
-                                          strategy="STRICT_PACK", name=f"rlvr-engine-{index}")
+            pg = ray.util.placement_group(
+                [{"GPU": tp, "CPU": max(1.0, self.cfg.cluster.cpus_per_actor)}],
+                strategy="STRICT_PACK",
+                name=f"rlvr-engine-{index}",
+            )
             ray.get(pg.ready(), timeout=self.cfg.cluster.actor_timeout_s)
             self.placement_groups[index] = pg
             opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
@@ -245,8 +266,13 @@ class ActorFactory:
     def _pick_transport(self, one_host: bool) -> str:
         from rlvr.weight_sync.transport import pick_kind
 
-        return pick_kind(gpu=self.device.startswith("cuda"), vllm=self.cfg.rollout.backend == "vllm",
-                         lora=self.cfg.learner.lora_rank > 0, colocate=self.cfg.cluster.colocate, one_host=one_host)
+        return pick_kind(
+            gpu=self.device.startswith("cuda"),
+            vllm=self.cfg.rollout.backend == "vllm",
+            lora=self.cfg.learner.lora_rank > 0,
+            colocate=self.cfg.cluster.colocate,
+            one_host=one_host,
+        )
 
     @property
     def colocated(self) -> bool:
@@ -269,8 +295,9 @@ class ActorFactory:
         waddr, wport = ray.get(actors.learners[0].address.remote(), timeout=timeout)
         world = 1 + len(actors.engines) * tp
         refs = [lrn.init_weight_sync.remote(waddr, wport, world, timeout, t) for lrn in actors.learners]
-        refs += [e.init_weight_sync.remote(waddr, wport, 1 + i * tp, world, timeout, t)
-                 for i, e in enumerate(actors.engines)]
+        refs += [
+            e.init_weight_sync.remote(waddr, wport, 1 + i * tp, world, timeout, t) for i, e in enumerate(actors.engines)
+        ]
         self.sync_info = ray.get(refs, timeout=timeout)[0]
 
 
@@ -332,8 +359,9 @@ class Prepared:
         return t.pad_token_id if t.pad_token_id is not None else t.eos_token_id
 
 
-def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None,
-            lock: RunLock | None = None) -> Prepared:
+def prepare(
+    cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | None = None, lock: RunLock | None = None
+) -> Prepared:
     """Run dir (chosen, checkpoint usable, model compatible, writable, disk space), config.yaml, model directory,
     tokenizer, every dataset row, eval prompts. On failure nothing of an existing run is changed; only what this
     start created goes (its run directory; parents it made, while empty). A restart passes `run_dir`, `resume`
@@ -349,8 +377,9 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
     try:
         run_dir, created, parents = create_run_dir(run_dir, new_name)
     except OSError as e:
-        raise ValueError(f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: cannot create {run_dir.root} "
-                         f"({e.strerror or e})") from e
+        raise ValueError(
+            f"--checkpoint.output-dir {cfg.checkpoint.output_dir}: cannot create {run_dir.root} ({e.strerror or e})"
+        ) from e
     held, lock = lock, None  # `lock`: taken here, released here on failure
     try:
         if held is None:
@@ -362,8 +391,7 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
         run_dir.path("config.yaml").write_text(to_yaml(cfg))
         write_run_state(run_dir, cfg, "running")
-        logger.info("run directory %s%s", run_dir.root, f", resuming from {ckpt.name}" if ckpt else "",
-                    extra=CONSOLE)
+        logger.info("run directory %s%s", run_dir.root, f", resuming from {ckpt.name}" if ckpt else "", extra=CONSOLE)
         model_dir = prepare_model(cfg, run_dir)
         from transformers import AutoTokenizer
 
@@ -375,8 +403,10 @@ def prepare(cfg: ExperimentConfig, run_dir: RunDir | None = None, resume: str | 
         except (OSError, ValueError) as e:
             raise ValueError(f"tokenizer at {tok_path} could not be loaded: {e}") from e
         if cfg.data.apply_chat_template and not (tokenizer.chat_template or cfg.model.chat_template):
-            raise ValueError(f"tokenizer at {tok_path} has no chat template: set --model.chat-template or "
-                             "--data.apply-chat-template False")
+            raise ValueError(
+                f"tokenizer at {tok_path} has no chat template: set --model.chat-template or "
+                "--data.apply-chat-template False"
+            )
         known = _known_verifiers(cfg)
         from rlvr.rewards.scorer import RewardScorer
 
@@ -403,8 +433,16 @@ def build_trainer(cfg: ExperimentConfig, prep: Prepared, actors: Actors, resume:
     if ckpt is None:  # a fresh start: records of an earlier attempt of this run name are void
         for name in RECORD_FILES:
             truncate_after_step(prep.run_dir.path(name), -1)
-    trainer = Trainer(cfg, prep.run_dir, actors, prep.stream, prep.eval_requests, prep.model_dir,
-                      prep.pad_token_id, wandb=_wandb(cfg, prep.run_dir))
+    trainer = Trainer(
+        cfg,
+        prep.run_dir,
+        actors,
+        prep.stream,
+        prep.eval_requests,
+        prep.model_dir,
+        prep.pad_token_id,
+        wandb=_wandb(cfg, prep.run_dir),
+    )
     if ckpt is not None:
         trainer.restore(ckpt)
     elif cfg.learner.lora_rank > 0:  # engines serve the learner's own adapter from the first request on
@@ -434,8 +472,12 @@ def _preempted(cfg: ExperimentConfig, prep: Prepared, step: int, saved: bool) ->
     if saved:
         logger.warning("%s (step %d, run %s)", PREEMPTED_MESSAGE, step, prep.run_dir.root)
     else:
-        logger.warning("preempted, resumable: stopped at step %d before anything new was trained, nothing to save; "
-                       "start the same command again to go on (run %s)", step, prep.run_dir.root)
+        logger.warning(
+            "preempted, resumable: stopped at step %d before anything new was trained, nothing to save; "
+            "start the same command again to go on (run %s)",
+            step,
+            prep.run_dir.root,
+        )
     return EXIT_PREEMPTED
 
 
@@ -462,16 +504,23 @@ def _train_prepared(cfg: ExperimentConfig, prep: Prepared, signals: StopSignals)
                 if trainer.stopped:
                     return _preempted(cfg, prep, trainer.step, saved=trainer.saved_step == trainer.step)
                 write_run_state(prep.run_dir, cfg, "finished", trainer.step)
-                logger.info("done at step %d: %s", trainer.step, {k: round(v, 4) for k, v in final.items()
-                                                                  if k.startswith(("eval/reward", "reward/total"))})
+                logger.info(
+                    "done at step %d: %s",
+                    trainer.step,
+                    {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/reward", "reward/total"))},
+                )
                 print_summary(prep.run_dir.root, trainer.step, time.time() - t0, final)
                 return 0
             except LearnerFailure as e:
                 if restarts >= cfg.cluster.max_restarts:
                     raise RuntimeError(f"{e}; --cluster.max-restarts {cfg.cluster.max_restarts} used up") from e
                 restarts += 1
-                logger.error("%s: restarting the run from its last complete checkpoint (%d of %d)",
-                             e, restarts, cfg.cluster.max_restarts)
+                logger.error(
+                    "%s: restarting the run from its last complete checkpoint (%d of %d)",
+                    e,
+                    restarts,
+                    cfg.cluster.max_restarts,
+                )
                 resume = "auto"
             finally:
                 if trainer is not None:

@@ -33,8 +33,15 @@ logger = get_logger(__name__)
 
 RUN_STATE = "run.json"
 """Per run directory: {"config": fingerprint, "status": running | preempted | finished, "step", "started"}."""
-_SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-               "num_key_value_heads", "intermediate_size")
+_SHAPE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+)
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
@@ -87,9 +94,16 @@ def read_run_state(root: Path) -> dict[str, Any]:
 
 def write_run_state(run_dir: RunDir, cfg: ExperimentConfig, status: str, step: int | None = None) -> None:
     old = read_run_state(run_dir.root)
-    write_json(run_dir.path(RUN_STATE), {"config": config_fingerprint(cfg), "status": status,
-                                         "step": step if step is not None else old.get("step", 0),
-                                         "started": old.get("started", time.time()), "updated": time.time()})
+    write_json(
+        run_dir.path(RUN_STATE),
+        {
+            "config": config_fingerprint(cfg),
+            "status": status,
+            "step": step if step is not None else old.get("step", 0),
+            "started": old.get("started", time.time()),
+            "updated": time.time(),
+        },
+    )
 
 
 def _check_output_parent(cfg: ExperimentConfig) -> None:
@@ -112,8 +126,10 @@ def _check_run_root(root: Path) -> None:
     if not root.is_dir():
         raise ValueError(f"{flag}: {root} is a file, not a run directory")
     if any(root.iterdir()) and not (root / "config.yaml").is_file():
-        raise ValueError(f"{flag}: {root} exists and is not an rlvr run directory (it has no config.yaml); nothing "
-                         "was written: choose another --logging.run-name or --checkpoint.output-dir")
+        raise ValueError(
+            f"{flag}: {root} exists and is not an rlvr run directory (it has no config.yaml); nothing "
+            "was written: choose another --logging.run-name or --checkpoint.output-dir"
+        )
     if _in_use(root):
         raise ValueError(f"{flag}: {root} is in use by another rlvr process")
 
@@ -146,8 +162,11 @@ def select_run_dir(cfg: ExperimentConfig) -> RunDir:
     if cfg.checkpoint.resume == "auto":
         found = _unfinished_run(out, config_fingerprint(cfg))
         if found is not None:
-            logger.warning("continuing run %s: it has the same config and did not finish (give --logging.run-name "
-                           "to choose a run, or --checkpoint.resume never to start a new one)", found)
+            logger.warning(
+                "continuing run %s: it has the same config and did not finish (give --logging.run-name "
+                "to choose a run, or --checkpoint.resume never to start a new one)",
+                found,
+            )
             return RunDir(found)
     name = time.strftime("rlvr-%Y%m%d-%H%M%S")
     root, n = out / name, 1
@@ -169,9 +188,14 @@ def _expected_shape(cfg: ExperimentConfig) -> dict[str, Any]:
     """Architecture fields the configured model will have, as far as known without building or downloading it."""
     m = cfg.model
     if m.path == "builtin:tiny":
-        shape = {"model_type": "qwen2", "hidden_size": m.tiny_hidden_size, "num_hidden_layers": m.tiny_num_layers,
-                 "num_attention_heads": m.tiny_num_heads, "num_key_value_heads": m.tiny_num_heads,
-                 "intermediate_size": 4 * m.tiny_hidden_size}
+        shape = {
+            "model_type": "qwen2",
+            "hidden_size": m.tiny_hidden_size,
+            "num_hidden_layers": m.tiny_num_layers,
+            "num_attention_heads": m.tiny_num_heads,
+            "num_key_value_heads": m.tiny_num_heads,
+            "intermediate_size": 4 * m.tiny_hidden_size,
+        }
         corpus = tiny_model_corpus(cfg)
         if corpus:  # the vocabulary is what the tokenizer learns from the corpus (about a second to train)
             from rlvr.models.tiny import build_tokenizer
@@ -200,12 +224,17 @@ def check_compatible(cfg: ExperimentConfig, ckpt: Path) -> None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {ckpt}: config.json unreadable: {e}") from e
     want = _expected_shape(cfg)
-    diffs = [f"{k} {saved[k]} in the checkpoint, {want[k]} in the config" for k in _SHAPE_KEYS
-             if k in saved and k in want and saved[k] != want[k]]
+    diffs = [
+        f"{k} {saved[k]} in the checkpoint, {want[k]} in the config"
+        for k in _SHAPE_KEYS
+        if k in saved and k in want and saved[k] != want[k]
+    ]
     if diffs:
-        raise CheckpointError(f"cannot resume from {ckpt}: its model differs from the configured one ({'; '.join(diffs)})."
-                              f" Nothing was changed. Resume with the model settings it was trained with, or "
-                              f"{FRESH_START_HINT}.")
+        raise CheckpointError(
+            f"cannot resume from {ckpt}: its model differs from the configured one ({'; '.join(diffs)})."
+            f" Nothing was changed. Resume with the model settings it was trained with, or "
+            f"{FRESH_START_HINT}."
+        )
 
 
 _GENERATED_NAME = re.compile(r"^(rlvr-\d{8}-\d{6})(?:-(\d+))?$")

@@ -42,19 +42,21 @@ def rollout_metrics(groups: list[Group], learner_version: int) -> dict[str, floa
     lengths = [len(s.completion_token_ids) for s in samples]
     staleness = [learner_version - s.version_start for s in samples]
     m = _reward_metrics(groups, "reward")
-    m.update({
-        "rollout/completion_len_mean": mean(lengths),
-        "rollout/completion_len_max": float(max(lengths)),
-        "rollout/completion_len_min": float(min(lengths)),
-        "rollout/prompt_len_mean": mean(len(s.prompt_token_ids) for s in samples),
-        "rollout/stop_rate": mean(1.0 if s.finish_reason == "stop" else 0.0 for s in samples),
-        "rollout/truncated_rate": mean(1.0 if s.finish_reason == "length" else 0.0 for s in samples),
-        "rollout/staleness_mean": mean(staleness),
-        "rollout/staleness_max": float(max(staleness)),
-        "rollout/inflight_updated_frac": mean(1.0 if s.version_end != s.version_start else 0.0 for s in samples),
-        "rollout/num_groups": float(len(groups)),
-        "rollout/num_samples": float(len(samples)),
-    })
+    m.update(
+        {
+            "rollout/completion_len_mean": mean(lengths),
+            "rollout/completion_len_max": float(max(lengths)),
+            "rollout/completion_len_min": float(min(lengths)),
+            "rollout/prompt_len_mean": mean(len(s.prompt_token_ids) for s in samples),
+            "rollout/stop_rate": mean(1.0 if s.finish_reason == "stop" else 0.0 for s in samples),
+            "rollout/truncated_rate": mean(1.0 if s.finish_reason == "length" else 0.0 for s in samples),
+            "rollout/staleness_mean": mean(staleness),
+            "rollout/staleness_max": float(max(staleness)),
+            "rollout/inflight_updated_frac": mean(1.0 if s.version_end != s.version_start else 0.0 for s in samples),
+            "rollout/num_groups": float(len(groups)),
+            "rollout/num_samples": float(len(samples)),
+        }
+    )
     return m
 
 
@@ -65,8 +67,20 @@ def sample_records(groups: list[Group], step: int, limit: int) -> list[dict[str,
         for s, r, adv in zip(g.samples, g.rewards, g.advantages or [0.0] * g.num_samples):
             if len(out) >= limit:
                 return out
-            out.append({"step": step, "prompt_id": s.prompt_id, "prompt": s.prompt_text,
-                        "completion": s.completion_text, "completion_len": len(s.completion_token_ids), "scores": r.scores, "total": r.total,
-                        "correct": r.correct, "advantage": adv, "finish_reason": s.finish_reason,
-                        "version_start": s.version_start, "version_end": s.version_end})
+            out.append(
+                {
+                    "step": step,
+                    "prompt_id": s.prompt_id,
+                    "prompt": s.prompt_text,
+                    "completion": s.completion_text,
+                    "completion_len": len(s.completion_token_ids),
+                    "scores": r.scores,
+                    "total": r.total,
+                    "correct": r.correct,
+                    "advantage": adv,
+                    "finish_reason": s.finish_reason,
+                    "version_start": s.version_start,
+                    "version_end": s.version_end,
+                }
+            )
     return out

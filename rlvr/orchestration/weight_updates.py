@@ -63,8 +63,9 @@ class WeightUpdater:
             self.engines("begin_weight_sync")
         sends = [lrn.send_weights.remote(engines, version) for lrn in self.actors.learners]
         if order.concurrent:
-            got = self._received([e.receive_weights.remote(version, self.actors.factory.sync_info) for e in engines],
-                                 cancel=sends[0])
+            got = self._received(
+                [e.receive_weights.remote(version, self.actors.factory.sync_info) for e in engines], cancel=sends[0]
+            )
             sent = dict(learner_get(sends, "send_weights", self.timeout)[0])
         else:
             sent = dict(learner_get(sends, "send_weights", self.timeout)[0])

@@ -7,5 +7,12 @@ See registry.py for the reward-function contract and scorer.py for how scores co
 from rlvr.rewards.registry import get_reward, import_custom, known_rewards, register_reward
 from rlvr.rewards.scorer import RewardFunctionSpec, RewardScorer, RewardsSettings
 
-__all__ = ["RewardFunctionSpec", "RewardScorer", "RewardsSettings", "get_reward", "import_custom",
-           "known_rewards", "register_reward"]
+__all__ = [
+    "RewardFunctionSpec",
+    "RewardScorer",
+    "RewardsSettings",
+    "get_reward",
+    "import_custom",
+    "known_rewards",
+    "register_reward",
+]

@@ -19,7 +19,7 @@ def final_answer_text(text: str) -> str:
     """The part of `text` after the reasoning block (see the module invariants)."""
     close = text.rfind(THINK_CLOSE)
     if close >= 0:
-        return text[close + len(THINK_CLOSE):]
+        return text[close + len(THINK_CLOSE) :]
     if THINK_OPEN in text:
         return ""
     return text
@@ -33,7 +33,7 @@ def answer_tag_content(text: str) -> str | None:
     start = text.rfind("<answer>", 0, end)
     if start < 0:
         return None
-    return text[start + len("<answer>"):end]
+    return text[start + len("<answer>") : end]
 
 
 def boxed_contents(text: str) -> list[str]:
@@ -53,7 +53,7 @@ def boxed_contents(text: str) -> list[str]:
                 depth -= 1
             i += 1
         if depth == 0:
-            out.append(text[match.end():i - 1])
+            out.append(text[match.end() : i - 1])
     return out
 
 

@@ -64,9 +64,11 @@ def help_description() -> str:
     """The description `rlvr reward --help` shows: what it does and the registered function names."""
     from rlvr.rewards.registry import known_rewards
 
-    return ("Score completions with rlvr's reward functions (one JSON object per completion). Functions: "
-            f"{', '.join(known_rewards())}. `rlvr reward --list` shows each one's parameters, what it scores and "
-            "an example; docs/rewards.md holds the same list.")
+    return (
+        "Score completions with rlvr's reward functions (one JSON object per completion). Functions: "
+        f"{', '.join(known_rewards())}. `rlvr reward --list` shows each one's parameters, what it scores and "
+        "an example; docs/rewards.md holds the same list."
+    )
 
 
 def _parse_params(args: RewardArgs) -> dict[str, dict[str, Any]]:
@@ -94,9 +96,14 @@ def _settings(args: RewardArgs) -> RewardsSettings:
     weights = args.weights or [1.0] * len(args.fn)
     functions = [RewardFunctionSpec(name, w, params.get(name, {})) for name, w in zip(args.fn, weights)]
     primary = args.primary or (args.fn[0] if args.fn else None)
-    return RewardsSettings(functions=functions, verifier_column=args.verifier_column,
-                           num_workers=max(1, args.num_workers), timeout_s=args.timeout_s, primary=primary,
-                           custom=list(args.custom))
+    return RewardsSettings(
+        functions=functions,
+        verifier_column=args.verifier_column,
+        num_workers=max(1, args.num_workers),
+        timeout_s=args.timeout_s,
+        primary=primary,
+        custom=list(args.custom),
+    )
 
 
 def _rows(args: RewardArgs) -> list[dict[str, Any]]:
@@ -130,8 +137,14 @@ _LINE = "\x00line"  # a row's input line number, kept beside the row while scori
 
 
 def _score(args: RewardArgs, settings: RewardsSettings, rows: list[dict[str, Any]]) -> list[RewardResult]:
-    items = [(r["completion"], {k: v for k, v in r.items() if k not in ("completion", "completion_token_ids", _LINE)},
-              r.get("completion_token_ids")) for r in rows]
+    items = [
+        (
+            r["completion"],
+            {k: v for k, v in r.items() if k not in ("completion", "completion_token_ids", _LINE)},
+            r.get("completion_token_ids"),
+        )
+        for r in rows
+    ]
     if args.num_workers <= 0:
         scorer = RewardScorer(settings)
         return [scorer.score(*item) for item in items]
@@ -165,15 +178,23 @@ def run_reward(args: RewardArgs) -> int:
             f.write(json.dumps({**plain, **result.to_json()}, ensure_ascii=False) + "\n")
     totals = [r.total for r in results if r.total is not None]
     corrects = [r.correct for r in results if r.correct is not None]
-    print(json.dumps({"rows": len(results), "output": args.output,
-                      "mean_total": sum(totals) / len(totals) if totals else None,
-                      "correct_rate": sum(corrects) / len(corrects) if corrects else None,
-                      "status": dict(Counter(r.status for r in results))}))
+    print(
+        json.dumps(
+            {
+                "rows": len(results),
+                "output": args.output,
+                "mean_total": sum(totals) / len(totals) if totals else None,
+                "correct_rate": sum(corrects) / len(corrects) if corrects else None,
+                "status": dict(Counter(r.status for r in results)),
+            }
+        )
+    )
     return _report_failures(args, rows, results)
 
 
-def _report_failures(args: RewardArgs, rows: list[dict[str, Any]], results: list[RewardResult],
-                     max_named: int = 20) -> int:
+def _report_failures(
+    args: RewardArgs, rows: list[dict[str, Any]], results: list[RewardResult], max_named: int = 20
+) -> int:
     """0 when every row scored; else 2, with the count and the failed rows (first `max_named`) on stderr."""
     failed = [(row, r) for row, r in zip(rows, results) if r.status != "ok"]
     if not failed:

@@ -66,16 +66,18 @@ def _pass_results(completion_text: str, metadata: dict, executor_url: str, test_
 
 
 @register_reward("code")
-def code_reward(completion_text: str, metadata: dict, executor_url: str = "",
-                test_timeout_s: float = SandboxLimits.test_timeout_s) -> float | None:
+def code_reward(
+    completion_text: str, metadata: dict, executor_url: str = "", test_timeout_s: float = SandboxLimits.test_timeout_s
+) -> float | None:
     """Fraction of the row's tests that the last code block passes."""
     results = _pass_results(completion_text, metadata, executor_url, test_timeout_s)
     return None if results is None else sum(results) / len(results)
 
 
 @register_reward("code_binary")
-def code_binary_reward(completion_text: str, metadata: dict, executor_url: str = "",
-                       test_timeout_s: float = SandboxLimits.test_timeout_s) -> float | None:
+def code_binary_reward(
+    completion_text: str, metadata: dict, executor_url: str = "", test_timeout_s: float = SandboxLimits.test_timeout_s
+) -> float | None:
     """1.0 if the last code block passes every test, else 0.0."""
     results = _pass_results(completion_text, metadata, executor_url, test_timeout_s)
     return None if results is None else float(all(results))

@@ -246,7 +246,9 @@ def check_constraint(text: str, constraint: dict[str, Any]) -> bool:
     kind = str(constraint["type"]).rsplit(":", 1)[-1]
     checker = _CHECKERS.get(kind)
     if checker is None:
-        raise ValueError(f"ifeval: unknown constraint type {constraint['type']!r}; known: {', '.join(constraint_types())}")
+        raise ValueError(
+            f"ifeval: unknown constraint type {constraint['type']!r}; known: {', '.join(constraint_types())}"
+        )
     kwargs = {k: v for k, v in constraint.items() if k != "type" and v is not None}
     try:
         return bool(checker(text, **kwargs))

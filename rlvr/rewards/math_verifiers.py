@@ -67,7 +67,7 @@ _PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 def _plain(text: str) -> str:
     text = text.strip().strip("$").strip()
     if text.startswith("\\boxed{") and text.endswith("}"):
-        text = text[len("\\boxed{"):-1]
+        text = text[len("\\boxed{") : -1]
     return re.sub(r"\s+|\\left|\\right|\\!|\\,", "", text).rstrip(".").replace("{,}", "")
 
 
@@ -160,8 +160,9 @@ def _integer_answer(golds: list[int], answer: str) -> float:
 
 
 @register_reward("math")
-def math_reward(completion_text: str, metadata: dict, max_answer_chars: int = 1000,
-                tail_chars: int = 2000) -> float | None:
+def math_reward(
+    completion_text: str, metadata: dict, max_answer_chars: int = 1000, tail_chars: int = 2000
+) -> float | None:
     """1.0 if the answer (last `\\boxed{}`, else last LaTeX/number in the tail) equals the ground truth.
 
     Equivalence is math-verify's: numbers, fractions, percentages, units in `\\text{}`, intervals, sets,

@@ -70,13 +70,22 @@ def _worker_main(conn: Connection, settings: RewardsSettings, current_fn: Any) -
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _SoftTimeout:
             fn = scorer.current_fn or "?"
-            result = RewardResult(scores={k: None for k in scorer.keys(metadata)}, total=None, status="timeout",
-                                  error=f"timed out after {settings.timeout_s}s in {fn}",
-                                  elapsed_s=time.perf_counter() - start)
+            result = RewardResult(
+                scores={k: None for k in scorer.keys(metadata)},
+                total=None,
+                status="timeout",
+                error=f"timed out after {settings.timeout_s}s in {fn}",
+                elapsed_s=time.perf_counter() - start,
+            )
             stats = [CallStats(fn, time.perf_counter() - start, error=False, timeout=True)]
         except BaseException as e:  # trust boundary: reward code called sys.exit or similar; report it
-            result = RewardResult(scores={}, total=None, status="error", error=f"{type(e).__name__}: {e}",
-                                  elapsed_s=time.perf_counter() - start)
+            result = RewardResult(
+                scores={},
+                total=None,
+                status="error",
+                error=f"{type(e).__name__}: {e}",
+                elapsed_s=time.perf_counter() - start,
+            )
         current_fn.value = b""
         conn.send(("result", task_id, result, stats))
 
@@ -110,9 +119,16 @@ class _Batch:
 class VerifierPool:
     """Scores (completion_text, metadata, completion_token_ids) items in worker processes (module docstring)."""
 
-    def __init__(self, settings: RewardsSettings | Any, *, num_workers: int | None = None,
-                 timeout_s: float | None = None, max_queue: int | None = None, hard_grace_s: float = 2.0,
-                 start_method: str = "forkserver") -> None:
+    def __init__(
+        self,
+        settings: RewardsSettings | Any,
+        *,
+        num_workers: int | None = None,
+        timeout_s: float | None = None,
+        max_queue: int | None = None,
+        hard_grace_s: float = 2.0,
+        start_method: str = "forkserver",
+    ) -> None:
         self.settings = RewardsSettings.from_config(settings)
         if num_workers is not None:
             self.settings.num_workers = num_workers
@@ -121,8 +137,10 @@ class VerifierPool:
         if max_queue is not None:
             self.settings.max_queue = max_queue
         if self.settings.num_workers < 1 or self.settings.timeout_s <= 0 or self.settings.max_queue < 1:
-            raise ValueError(f"VerifierPool needs num_workers >= 1, timeout_s > 0, max_queue >= 1; got "
-                             f"{self.settings.num_workers}, {self.settings.timeout_s}, {self.settings.max_queue}")
+            raise ValueError(
+                f"VerifierPool needs num_workers >= 1, timeout_s > 0, max_queue >= 1; got "
+                f"{self.settings.num_workers}, {self.settings.timeout_s}, {self.settings.max_queue}"
+            )
         self._scorer = RewardScorer(self.settings)  # validates names and params here, in the caller
         self._ctx: Any = mp.get_context(start_method)  # a concrete context (fork/spawn/forkserver)
         if start_method == "forkserver":
@@ -239,8 +257,9 @@ class VerifierPool:
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe()
         current_fn = self._ctx.Array("c", 128, lock=False)
-        process = self._ctx.Process(target=_worker_main, args=(child, self.settings, current_fn),
-                                    name="rlvr-verifier", daemon=True)
+        process = self._ctx.Process(
+            target=_worker_main, args=(child, self.settings, current_fn), name="rlvr-verifier", daemon=True
+        )
         process.start()
         child.close()
         return _Worker(process=process, conn=parent, current_fn=current_fn)
@@ -285,8 +304,13 @@ class VerifierPool:
             except Exception:  # trust boundary: malformed metadata must not stop the dispatcher
                 keys = []
             elapsed = time.monotonic() - (w.deadline - self._hard_timeout)
-            result = RewardResult(scores=dict.fromkeys(keys), total=None, status=status,  # type: ignore[arg-type]
-                                  error=f"{message} in {fn}", elapsed_s=elapsed)
+            result = RewardResult(
+                scores=dict.fromkeys(keys),
+                total=None,
+                status=status,  # type: ignore[arg-type]
+                error=f"{message} in {fn}",
+                elapsed_s=elapsed,
+            )
             stat = CallStats(fn, elapsed, error=status == "error", timeout=status == "timeout")
             with self._lock:
                 self._counts["crashes"] += int(status == "error")

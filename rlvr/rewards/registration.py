@@ -76,6 +76,8 @@ def lookup(name: str) -> RewardSpec:
         import_custom(name)
     spec = _REGISTRY.get(name)
     if spec is None:
-        raise ValueError(f"unknown reward function {name!r}; known: {', '.join(registered_names())} "
-                         "(or give an import path 'pkg.module:fn')")
+        raise ValueError(
+            f"unknown reward function {name!r}; known: {', '.join(registered_names())} "
+            "(or give an import path 'pkg.module:fn')"
+        )
     return spec

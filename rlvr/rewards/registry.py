@@ -31,8 +31,15 @@ from __future__ import annotations
 from rlvr.rewards.builtin import BUILTIN_MODULES
 from rlvr.rewards.registration import RewardFn, RewardSpec, import_custom, lookup, register_reward, registered_names
 
-__all__ = ["BUILTIN_MODULES", "RewardFn", "RewardSpec", "get_reward", "import_custom", "known_rewards",
-           "register_reward"]
+__all__ = [
+    "BUILTIN_MODULES",
+    "RewardFn",
+    "RewardSpec",
+    "get_reward",
+    "import_custom",
+    "known_rewards",
+    "register_reward",
+]
 
 
 def known_rewards() -> list[str]:

@@ -82,14 +82,15 @@ def _ns_prefix(level: str) -> list[str]:
 
 @functools.cache
 def isolation_level() -> str:
-    """"namespaces", "userns" or "rlimits": the strongest isolation that works here (cached)."""
+    """ "namespaces", "userns" or "rlimits": the strongest isolation that works here (cached)."""
     if shutil.which("unshare") is None:
         return "rlimits"
     level = "namespaces" if os.geteuid() == 0 else "userns"
     python = os.path.realpath(sys.executable)  # what the launcher will run: it must start inside the namespaces too
     try:
-        probe = subprocess.run([*_ns_prefix(level), python, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30,
-                               env=_LAUNCHER_ENV)
+        probe = subprocess.run(
+            [*_ns_prefix(level), python, "-I", "-S", "-c", "pass"], capture_output=True, timeout=30, env=_LAUNCHER_ENV
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "rlimits"
     return level if probe.returncode == 0 else "rlimits"
@@ -103,13 +104,22 @@ def _world_traversable(path: str) -> bool:
 class LocalSandboxExecutor:
     """The default executor: runs programs locally in `sandbox_launcher.py` (module docstring)."""
 
-    def __init__(self, limits: SandboxLimits | None = None, python: str | None = None, level: str | None = None,
-                 memory_cap_kind: str | None = None) -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        python: str | None = None,
+        level: str | None = None,
+        memory_cap_kind: str | None = None,
+    ) -> None:
         """`level` / `memory_cap_kind` force a weaker mode than the detected one ("rlimits"; tests, benchmarks)."""
         self.limits = limits or SandboxLimits()
         self.level = level or isolation_level()
         self.memory_cap = memory_cap_kind or memory_cap()
-        if self.level not in ("namespaces", "userns", "rlimits") or self.memory_cap not in ("cgroup2", "cgroup1", "rlimits"):
+        if self.level not in ("namespaces", "userns", "rlimits") or self.memory_cap not in (
+            "cgroup2",
+            "cgroup1",
+            "rlimits",
+        ):
             raise ValueError(f"unknown sandbox level {self.level!r} or memory cap {self.memory_cap!r}")
         base = os.path.realpath(sys.executable)
         if python is None and self.level == "rlimits" and os.geteuid() == 0 and not _world_traversable(base):
@@ -132,9 +142,15 @@ class LocalSandboxExecutor:
 
     def describe(self) -> dict:
         """What is in force: isolation level, memory cap kind and the resulting process limit."""
-        return {"isolation": self.level, "memory_cap": self.memory_cap, "landlock_abi": landlock_abi(),
-                "num_processes": self.num_processes(), "num_shared_processes": self.num_shared_processes(),
-                "total_memory_bytes": self.limits.total_memory_bytes, "memory_bytes": self.limits.memory_bytes}
+        return {
+            "isolation": self.level,
+            "memory_cap": self.memory_cap,
+            "landlock_abi": landlock_abi(),
+            "num_processes": self.num_processes(),
+            "num_shared_processes": self.num_shared_processes(),
+            "total_memory_bytes": self.limits.total_memory_bytes,
+            "memory_bytes": self.limits.memory_bytes,
+        }
 
     def _deadline(self, tests: list[Any]) -> float:
         per_test = [1.0 if isinstance(t, dict) else 2.0 for t in tests]
@@ -167,29 +183,55 @@ class LocalSandboxExecutor:
                 os.chmod(scratch_parent, 0o711)  # the sample uid may enter its workdir but not list the parent
                 workdir = os.path.join(scratch_parent, "work")
                 os.mkdir(workdir, 0o700)
-            limits = {**asdict(self.limits), "num_processes": self.num_processes(),
-                      "num_shared_processes": self.num_shared_processes()}
+            limits = {
+                **asdict(self.limits),
+                "num_processes": self.num_processes(),
+                "num_shared_processes": self.num_shared_processes(),
+            }
             cgroup = SampleCgroup.create(self.memory_cap, self.limits) if self.memory_cap != "rlimits" else None
-            job = {"program": program, "tests": tests, "limits": limits, "python": self.python, "workdir": workdir,
-                   "drop_uid": drop_uid, "namespaced": namespaced,  # the launcher gives its judges drop_uid + 1
-                   "cgroup_procs": cgroup.procs_files if cgroup else [], "return_outputs": return_outputs}
-            proc = subprocess.run([*prefix, os.path.realpath(sys.executable), "-I", "-S", _LAUNCHER],
-                                  input=json.dumps(job).encode(), capture_output=True, env=_LAUNCHER_ENV,
-                                  timeout=self._deadline(tests))
+            job = {
+                "program": program,
+                "tests": tests,
+                "limits": limits,
+                "python": self.python,
+                "workdir": workdir,
+                "drop_uid": drop_uid,
+                "namespaced": namespaced,  # the launcher gives its judges drop_uid + 1
+                "cgroup_procs": cgroup.procs_files if cgroup else [],
+                "return_outputs": return_outputs,
+            }
+            proc = subprocess.run(
+                [*prefix, os.path.realpath(sys.executable), "-I", "-S", _LAUNCHER],
+                input=json.dumps(job).encode(),
+                capture_output=True,
+                env=_LAUNCHER_ENV,
+                timeout=self._deadline(tests),
+            )
             finished = True  # the launcher exited: in a pid namespace, everything in it is gone too
             result = json.loads(proc.stdout)
             passed = result["passed"]
             outputs = [str(o) for o in result.get("outputs", [])]
             if result.get("errors"):  # the sandbox, not the program, failed these tests
-                _log.warning("code sandbox (%s) could not run %d of %d tests: %s", self.level,
-                             len(result["errors"]), len(tests), "; ".join(map(str, result["errors"][:3])))
-            return [p is True for p in passed][:len(tests)] + [False] * max(0, len(tests) - len(passed)), outputs
+                _log.warning(
+                    "code sandbox (%s) could not run %d of %d tests: %s",
+                    self.level,
+                    len(result["errors"]),
+                    len(tests),
+                    "; ".join(map(str, result["errors"][:3])),
+                )
+            return [p is True for p in passed][: len(tests)] + [False] * max(0, len(tests) - len(passed)), outputs
         except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as e:
             # Trust boundary: whatever went wrong in the sandbox, the program passed nothing. The launcher bounds
             # every test itself, so getting here is the sandbox failing, not the program: say so.
             stderr = proc.stderr.decode("utf-8", "replace")[-300:] if proc is not None else ""
-            _log.warning("code sandbox (%s) failed, %d tests scored 0: %s: %s %s", self.level, len(tests),
-                         type(e).__name__, e, stderr)
+            _log.warning(
+                "code sandbox (%s) failed, %d tests scored 0: %s: %s %s",
+                self.level,
+                len(tests),
+                type(e).__name__,
+                e,
+                stderr,
+            )
             return [False] * len(tests), []
         finally:
             if cgroup is not None:
@@ -217,8 +259,12 @@ for uid in map(int, sys.argv[1:]):
 
 def _kill_uids(*uids: int) -> None:
     """SIGKILL every process of each uid (kill(-1) as that uid), in one helper process."""
-    subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", _KILL_UIDS, *map(str, uids)],
-                   capture_output=True, timeout=30, env=_LAUNCHER_ENV)
+    subprocess.run(
+        [os.path.realpath(sys.executable), "-I", "-S", "-c", _KILL_UIDS, *map(str, uids)],
+        capture_output=True,
+        timeout=30,
+        env=_LAUNCHER_ENV,
+    )
 
 
 class RemoteExecutor:
@@ -234,13 +280,14 @@ class RemoteExecutor:
         if not tests:
             return []
         body = json.dumps({"program": program, "tests": tests, "max_execution_time": self.max_execution_time})
-        request = urllib.request.Request(self.url, data=body.encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.url, data=body.encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 reply = json.loads(response.read(16 << 20))
             results = reply.get("results", reply.get("passed"))
-            return [bool(r) and r == 1 for r in results][:len(tests)] + [False] * max(0, len(tests) - len(results))
+            return [bool(r) and r == 1 for r in results][: len(tests)] + [False] * max(0, len(tests) - len(results))
         except (OSError, ValueError, AttributeError, TypeError):
             # Trust boundary (network): a failed call means no test passed; the caller sees pass fraction 0.
             return [False] * len(tests)

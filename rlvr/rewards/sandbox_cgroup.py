@@ -48,7 +48,7 @@ def _own_paths() -> dict[str, str]:
 def _dir_for(mount_root: str, mount_point: str, path: str) -> str | None:
     if mount_root != "/" and not (path + "/").startswith(mount_root.rstrip("/") + "/"):
         return None
-    rel = path[len(mount_root):] if mount_root != "/" else path
+    rel = path[len(mount_root) :] if mount_root != "/" else path
     return os.path.join(mount_point, rel.lstrip("/"))
 
 
@@ -138,7 +138,7 @@ class SampleCgroup:
 
 @functools.cache
 def memory_cap() -> str:
-    """"cgroup2", "cgroup1" or "rlimits": how a sample's total memory is capped here (module docstring)."""
+    """ "cgroup2", "cgroup1" or "rlimits": how a sample's total memory is capped here (module docstring)."""
     if os.geteuid() != 0:
         return "rlimits"
     try:
@@ -148,6 +148,7 @@ def memory_cap() -> str:
 
         class _Probe:
             total_memory_bytes, num_processes = 64 << 20, 4
+
         SampleCgroup.create(found[0], _Probe).close()
         return found[0]
     except OSError:

@@ -72,8 +72,9 @@ def landlock(abi: int, read: list[str], write: list[str]) -> None:
                 continue
             allowed = rights if os.path.isdir(path) else rights & file_rights
             rule = _PathBeneath(allowed, fd)
-            rc = _libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule),
-                               ctypes.c_uint32(0))
+            rc = _libc.syscall(
+                SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.byref(rule), ctypes.c_uint32(0)
+            )
             os.close(fd)
             _check(f"landlock_add_rule {path}", 0 if rc == 0 else -1)
     rc = _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
@@ -89,8 +90,9 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: bool,
-                    landlock_rules: tuple[int, list[str], list[str]]) -> None:
+def drop_privileges(
+    limits: dict, uid: int | None, cap_last: int, privileged: bool, landlock_rules: tuple[int, list[str], list[str]]
+) -> None:
     """Runs in the forked child before exec: new session, rlimits, no capabilities, then exec (docstring)."""
     os.setsid()
     for sig in (signal.SIGINT, signal.SIGALRM, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -101,10 +103,14 @@ def drop_privileges(limits: dict, uid: int | None, cap_last: int, privileged: bo
     except OSError:
         pass
     cpu = int(limits["cpu_s"])
-    for res, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_CORE, (0, 0)),
-                       (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2), (resource.RLIMIT_NOFILE, (64, 64)),
-                       (resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2),
-                       (resource.RLIMIT_NPROC, (limits["num_processes"],) * 2)):
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_AS, (limits["memory_bytes"],) * 2),
+        (resource.RLIMIT_NOFILE, (64, 64)),
+        (resource.RLIMIT_FSIZE, (limits["file_size_bytes"],) * 2),
+        (resource.RLIMIT_NPROC, (limits["num_processes"],) * 2),
+    ):
         resource.setrlimit(res, value)
     if privileged:  # CAP_SETPCAP: empty the bounding set and lock uid 0 out of capabilities on exec
         for cap in range(cap_last + 1):
@@ -130,14 +136,49 @@ EPERM, ENOSYS = 1, 38
 SYS_CLONE, SYS_CLONE3, SYS_UNSHARE = 56, 435, 272
 CLONE_NEW_ANY = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
 DENIED_SYSCALLS = {
-    101: "ptrace", 103: "syslog", 135: "personality", 139: "sysfs", 153: "vhangup", 155: "pivot_root",
-    161: "chroot", 163: "acct", 165: "mount", 166: "umount2", 167: "swapon", 168: "swapoff", 175: "init_module",
-    176: "delete_module", 179: "quotactl", 246: "kexec_load", 248: "add_key", 249: "request_key", 250: "keyctl",
-    272: "unshare", 298: "perf_event_open", 303: "name_to_handle_at", 304: "open_by_handle_at", 308: "setns",
-    310: "process_vm_readv", 311: "process_vm_writev", 313: "finit_module", 320: "kexec_file_load", 321: "bpf",
-    323: "userfaultfd", 425: "io_uring_setup", 426: "io_uring_enter", 427: "io_uring_register",
-    428: "open_tree", 429: "move_mount", 430: "fsopen", 431: "fsconfig", 432: "fsmount", 433: "fspick",
-    438: "pidfd_getfd", 442: "mount_setattr", 457: "statmount", 458: "listmount",
+    101: "ptrace",
+    103: "syslog",
+    135: "personality",
+    139: "sysfs",
+    153: "vhangup",
+    155: "pivot_root",
+    161: "chroot",
+    163: "acct",
+    165: "mount",
+    166: "umount2",
+    167: "swapon",
+    168: "swapoff",
+    175: "init_module",
+    176: "delete_module",
+    179: "quotactl",
+    246: "kexec_load",
+    248: "add_key",
+    249: "request_key",
+    250: "keyctl",
+    272: "unshare",
+    298: "perf_event_open",
+    303: "name_to_handle_at",
+    304: "open_by_handle_at",
+    308: "setns",
+    310: "process_vm_readv",
+    311: "process_vm_writev",
+    313: "finit_module",
+    320: "kexec_file_load",
+    321: "bpf",
+    323: "userfaultfd",
+    425: "io_uring_setup",
+    426: "io_uring_enter",
+    427: "io_uring_register",
+    428: "open_tree",
+    429: "move_mount",
+    430: "fsopen",
+    431: "fsconfig",
+    432: "fsmount",
+    433: "fspick",
+    438: "pidfd_getfd",
+    442: "mount_setattr",
+    457: "statmount",
+    458: "listmount",
 }
 
 
@@ -148,17 +189,25 @@ def _bpf(code: int, jt: int, jf: int, k: int) -> bytes:
 def seccomp_program() -> bytes:
     """The classic-BPF filter described in the module docstring (struct sock_filter[])."""
     ld_w_abs, jeq_k, jset_k, ret_k = 0x20, 0x15, 0x45, 0x06
-    prog = [_bpf(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
-            _bpf(jeq_k, 1, 0, AUDIT_ARCH_X86_64), _bpf(ret_k, 0, 0, SECCOMP_RET_KILL_PROCESS),
-            _bpf(ld_w_abs, 0, 0, 0),  # seccomp_data.nr
-            _bpf(jset_k, 0, 1, X32_BIT), _bpf(ret_k, 0, 0, SECCOMP_RET_KILL_PROCESS)]
+    prog = [
+        _bpf(ld_w_abs, 0, 0, 4),  # seccomp_data.arch
+        _bpf(jeq_k, 1, 0, AUDIT_ARCH_X86_64),
+        _bpf(ret_k, 0, 0, SECCOMP_RET_KILL_PROCESS),
+        _bpf(ld_w_abs, 0, 0, 0),  # seccomp_data.nr
+        _bpf(jset_k, 0, 1, X32_BIT),
+        _bpf(ret_k, 0, 0, SECCOMP_RET_KILL_PROCESS),
+    ]
     for nr in sorted(DENIED_SYSCALLS):
         prog += [_bpf(jeq_k, 0, 1, nr), _bpf(ret_k, 0, 0, SECCOMP_RET_ERRNO | EPERM)]
-    prog += [_bpf(jeq_k, 0, 1, SYS_CLONE3), _bpf(ret_k, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
-             _bpf(jeq_k, 0, 3, SYS_CLONE),
-             _bpf(ld_w_abs, 0, 0, 16),  # seccomp_data.args[0], low 32 bits: the clone flags
-             _bpf(jset_k, 0, 1, CLONE_NEW_ANY), _bpf(ret_k, 0, 0, SECCOMP_RET_ERRNO | EPERM),
-             _bpf(ret_k, 0, 0, SECCOMP_RET_ALLOW)]
+    prog += [
+        _bpf(jeq_k, 0, 1, SYS_CLONE3),
+        _bpf(ret_k, 0, 0, SECCOMP_RET_ERRNO | ENOSYS),
+        _bpf(jeq_k, 0, 3, SYS_CLONE),
+        _bpf(ld_w_abs, 0, 0, 16),  # seccomp_data.args[0], low 32 bits: the clone flags
+        _bpf(jset_k, 0, 1, CLONE_NEW_ANY),
+        _bpf(ret_k, 0, 0, SECCOMP_RET_ERRNO | EPERM),
+        _bpf(ret_k, 0, 0, SECCOMP_RET_ALLOW),
+    ]
     return b"".join(prog)
 
 

@@ -40,14 +40,42 @@ import sys
 import time
 import types
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 MNT_DETACH = 2
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group", "nsswitch.conf")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 HERE = os.path.dirname(os.path.abspath(__file__))
-PRELOADED = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "re", "string", "operator",
-             "fractions", "decimal", "statistics", "typing", "copy", "datetime", "random", "array", "json")
+PRELOADED = (
+    "math",
+    "cmath",
+    "itertools",
+    "functools",
+    "collections",
+    "heapq",
+    "bisect",
+    "re",
+    "string",
+    "operator",
+    "fractions",
+    "decimal",
+    "statistics",
+    "typing",
+    "copy",
+    "datetime",
+    "random",
+    "array",
+    "json",
+)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -102,8 +130,12 @@ def _build_root(python: str, tmp_size_mb: int) -> None:
     for name in DEVICES:
         open(f"{new}/dev/{name}", "a").close()
         _mount("/dev/" + name, f"{new}/dev/{name}", None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{new}/dev/{name}")
     for d in ("/tmp", "/dev/shm"):
         os.makedirs(new + d)
@@ -135,8 +167,12 @@ class Sandbox:
             read, write = ["/"], ["/tmp", "/dev/shm", *devices[:3]]
         else:  # the host's tree: only what Python needs to start, and the scratch dir
             prefix = os.path.dirname(os.path.dirname(os.path.realpath(job["python"])))
-            read = [*(f"/{d}" for d in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")),
-                    *(f"/etc/{f}" for f in ETC_FILES), prefix, *devices]
+            read = [
+                *(f"/{d}" for d in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")),
+                *(f"/etc/{f}" for f in ETC_FILES),
+                prefix,
+                *devices,
+            ]
             write = [job["workdir"], *devices[:3]]
             read.append("/proc/self")  # opened in the child: its own /proc entry only
         self.landlock = (confine.landlock_abi(), read, write)
@@ -145,10 +181,15 @@ class Sandbox:
             _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come to us, so we can kill them
         self.program_fd = os.memfd_create("solution.py", os.MFD_ALLOW_SEALING)
         os.write(self.program_fd, job["program"].encode("utf-8", "replace"))
-        fcntl.fcntl(self.program_fd, fcntl.F_ADD_SEALS,
-                    fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+        fcntl.fcntl(
+            self.program_fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL,
+        )
 
-    def spawn(self, args: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...], cpu_s: float) -> subprocess.Popen:
+    def spawn(
+        self, args: list[str], stdin: int, stdout: int, pass_fds: tuple[int, ...], cpu_s: float
+    ) -> subprocess.Popen:
         os.lseek(self.program_fd, 0, os.SEEK_SET)
         # RLIMIT_NPROC counts every process of the uid: add the sandbox's own that share it (sandbox.py)
         num = self.limits["num_processes"] + self.limits["num_shared_processes"][args[0]]
@@ -158,8 +199,17 @@ class Sandbox:
         def confine() -> None:
             self.confine.drop_privileges(limits, self.uid, self.cap_last, self.privileged, self.landlock)
 
-        return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL, cwd=self.job["workdir"],
-                                env=self.env, close_fds=True, pass_fds=(self.program_fd, *pass_fds), preexec_fn=confine)
+        return subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=subprocess.DEVNULL,
+            cwd=self.job["workdir"],
+            env=self.env,
+            close_fds=True,
+            pass_fds=(self.program_fd, *pass_fds),
+            preexec_fn=confine,
+        )
 
     def kill_all(self, proc: subprocess.Popen, judge: int = -1) -> None:
         if judge > 0:
@@ -244,8 +294,13 @@ class Sandbox:
         verdict_r, verdict_w = os.pipe()
         proc, judge = None, -1
         try:
-            proc = self.spawn(["rpc", str(self.program_fd), str(request_r), str(reply_w)], subprocess.DEVNULL,
-                              subprocess.DEVNULL, (request_r, reply_w), cpu_s=2 * timeout + 1)
+            proc = self.spawn(
+                ["rpc", str(self.program_fd), str(request_r), str(reply_w)],
+                subprocess.DEVNULL,
+                subprocess.DEVNULL,
+                (request_r, reply_w),
+                cpu_s=2 * timeout + 1,
+            )
             judge = os.fork()
             if judge == 0:
                 self._judge(test, timeout, rpc, request_w, reply_r, verdict_w)
@@ -262,8 +317,9 @@ class Sandbox:
             if proc is not None:
                 self.kill_all(proc, judge)
 
-    def _judge(self, test: str, timeout: float, rpc: types.ModuleType, request_w: int, reply_r: int,
-               verdict_w: int) -> None:
+    def _judge(
+        self, test: str, timeout: float, rpc: types.ModuleType, request_w: int, reply_r: int, verdict_w: int
+    ) -> None:
         """The forked judge: trusted test code, but with no privileges, its own uid (root) and Landlock domain.
 
         The program cannot signal, ptrace or write to it (another uid, or a sibling Landlock domain), and the
@@ -283,8 +339,9 @@ class Sandbox:
                         pass
             limits = {**self.limits, "cpu_s": 2 * timeout + 1, "num_processes": 1}
             read = self.landlock[1]
-            self.confine.drop_privileges(limits, self.judge_uid, self.cap_last, self.privileged,
-                                         (self.landlock[0], read, []))
+            self.confine.drop_privileges(
+                limits, self.judge_uid, self.cap_last, self.privileged, (self.landlock[0], read, [])
+            )
             channel = rpc.Channel(request_w, reply_r, deadline=time.monotonic() + 2 * timeout)
             ok = rpc.run_assert_test(test, channel)
         finally:  # whatever happened, the judge never returns into the launcher's code

@@ -124,8 +124,11 @@ def encode(x: Any, ref: Callable[[Any], int], depth: int = 0, subclasses: bool =
     if t in (tuple, set, frozenset):
         return {t.__name__: [encode(v, ref, depth + 1, subclasses) for v in x]}
     if t is dict:
-        return {"dict": [[encode(k, ref, depth + 1, subclasses), encode(v, ref, depth + 1, subclasses)]
-                         for k, v in x.items()]}
+        return {
+            "dict": [
+                [encode(k, ref, depth + 1, subclasses), encode(v, ref, depth + 1, subclasses)] for k, v in x.items()
+            ]
+        }
     if t is bytes:
         return {"bytes": x.hex()}
     if t is complex:
@@ -151,7 +154,7 @@ def decode(x: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
         return [decode(v, resolve, depth + 1) for v in x]
     if t is not dict or len(x) != 1:
         raise ValueError(f"not an encoded value: {type(x).__name__}")
-    (tag, body), = x.items()
+    ((tag, body),) = x.items()
     if tag == "ref" and type(body) is int:
         return resolve(body)
     if tag == "int" and type(body) is str:
@@ -165,8 +168,13 @@ def decode(x: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
     items = [decode(v, resolve, depth + 1) for v in body]
     if tag == "tuple":
         return tuple(items)
-    if tag == "namedtuple" and len(items) == 2 and all(type(v) is list for v in items) \
-            and len(items[0]) == len(items[1]) and all(type(f) is str for f in items[0]):
+    if (
+        tag == "namedtuple"
+        and len(items) == 2
+        and all(type(v) is list for v in items)
+        and len(items[0]) == len(items[1])
+        and all(type(f) is str for f in items[0])
+    ):
         return _namedtuple(tuple(items[0]))._make(items[1])
     if tag == "set":
         return set(items)
@@ -180,6 +188,7 @@ def decode(x: Any, resolve: Callable[[int], Any], depth: int = 0) -> Any:
 
 
 # ---- trusted side (the judge, forked by the launcher) ----
+
 
 class Channel:
     """Newline-delimited JSON requests to one child, each answered before `deadline` (time.monotonic)."""
@@ -213,7 +222,7 @@ class Channel:
             while data:  # the child reads requests one at a time; a full pipe means it is not listening
                 if not select.select([], [self.request_fd], [], max(0.0, self.deadline - time.monotonic()))[1]:
                     raise RemoteError("the program stopped reading")
-                data = data[os.write(self.request_fd, data[:1 << 16]):]
+                data = data[os.write(self.request_fd, data[: 1 << 16]) :]
         except OSError as e:
             raise RemoteError("the program closed its channel") from e
         reply = self.receive()
@@ -265,8 +274,9 @@ class Remote:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         enc = [encode(a, _ref_of) for a in args]
-        value, new_args = self._channel.request("call", self._ref, args=enc,
-                                                kwargs={k: encode(v, _ref_of) for k, v in kwargs.items()})
+        value, new_args = self._channel.request(
+            "call", self._ref, args=enc, kwargs={k: encode(v, _ref_of) for k, v in kwargs.items()}
+        )
         _write_back(args, new_args, self._channel)
         return value
 
@@ -412,6 +422,7 @@ def run_assert_test(test: str, channel: Channel) -> bool:
 
 
 # ---- untrusted side (run as a script in the sandboxed child) ----
+
 
 def _child(argv: list[str]) -> None:
     mode, program_fd = argv[0], int(argv[1])

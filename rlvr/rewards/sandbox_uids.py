@@ -63,8 +63,13 @@ def default_lock_file() -> str:
 class UidPool:
     """Reserves uid pairs from `num_slots` slots of `lock_file` (module docstring)."""
 
-    def __init__(self, lock_file: str | None = None, base: int = SAMPLE_UID_BASE, num_slots: int = NUM_SLOTS,
-                 max_tries: int = 256) -> None:
+    def __init__(
+        self,
+        lock_file: str | None = None,
+        base: int = SAMPLE_UID_BASE,
+        num_slots: int = NUM_SLOTS,
+        max_tries: int = 256,
+    ) -> None:
         self.lock_file, self.base, self.num_slots, self.max_tries = lock_file, base, num_slots, max_tries
 
     def reserve(self) -> SampleUids:

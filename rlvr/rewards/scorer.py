@@ -71,14 +71,21 @@ class RewardsSettings:
         functions = []
         for f in get("functions", []) or []:
             fget = f.get if isinstance(f, Mapping) else (lambda k, d, f=f: getattr(f, k, d))
-            functions.append(RewardFunctionSpec(name=fget("name", None), weight=float(fget("weight", 1.0)),
-                                                params=dict(fget("params", {}) or {})))
+            functions.append(
+                RewardFunctionSpec(
+                    name=fget("name", None), weight=float(fget("weight", 1.0)), params=dict(fget("params", {}) or {})
+                )
+            )
         defaults = cls()
-        return cls(functions=functions, verifier_column=get("verifier_column", defaults.verifier_column),
-                   num_workers=int(get("num_workers", defaults.num_workers)),
-                   timeout_s=float(get("timeout_s", defaults.timeout_s)),
-                   max_queue=int(get("max_queue", defaults.max_queue)), primary=get("primary", None),
-                   custom=list(get("custom", []) or []))
+        return cls(
+            functions=functions,
+            verifier_column=get("verifier_column", defaults.verifier_column),
+            num_workers=int(get("num_workers", defaults.num_workers)),
+            timeout_s=float(get("timeout_s", defaults.timeout_s)),
+            max_queue=int(get("max_queue", defaults.max_queue)),
+            primary=get("primary", None),
+            custom=list(get("custom", []) or []),
+        )
 
 
 @dataclass
@@ -162,13 +169,15 @@ class RewardScorer:
         """The score keys a row will have (used by the pool to fill in results of killed workers)."""
         return [e.key for e in self.plan(metadata)[0]]
 
-    def score(self, completion_text: str, metadata: Mapping[str, Any],
-              completion_token_ids: list[int] | None = None) -> RewardResult:
+    def score(
+        self, completion_text: str, metadata: Mapping[str, Any], completion_token_ids: list[int] | None = None
+    ) -> RewardResult:
         """Score one completion; never raises an `Exception` from a reward function."""
         return self.score_detailed(completion_text, metadata, completion_token_ids)[0]
 
-    def score_detailed(self, completion_text: str, metadata: Mapping[str, Any],
-                       completion_token_ids: list[int] | None = None) -> tuple[RewardResult, list[CallStats]]:
+    def score_detailed(
+        self, completion_text: str, metadata: Mapping[str, Any], completion_token_ids: list[int] | None = None
+    ) -> tuple[RewardResult, list[CallStats]]:
         """`score` plus per-function timing and error flags."""
         start = time.perf_counter()
         entries, errors = self.plan(metadata)
@@ -207,8 +216,14 @@ class RewardScorer:
                 total = (total or 0.0) + entry.weight * value
         self.current_fn = None
         correct = self._correct(entries, scores)
-        result = RewardResult(scores=scores, total=total, correct=correct, status="error" if errors else "ok",
-                              error="; ".join(errors) or None, elapsed_s=time.perf_counter() - start)
+        result = RewardResult(
+            scores=scores,
+            total=total,
+            correct=correct,
+            status="error" if errors else "ok",
+            error="; ".join(errors) or None,
+            elapsed_s=time.perf_counter() - start,
+        )
         return result, stats
 
     def _correct(self, entries: list[_Entry], scores: dict[str, float | None]) -> bool | None:

@@ -65,7 +65,7 @@ def format_partial(completion_text: str, metadata: dict) -> float:
     if text.count("</think>") != 1 or close < 0:
         return score
     score += 0.25
-    after = text[close + len("</think>"):].lstrip()
+    after = text[close + len("</think>") :].lstrip()
     if text.count("<answer>") != 1 or not after.startswith("<answer>"):
         return score
     score += 0.25
@@ -91,8 +91,9 @@ def reasoning_steps(completion_text: str, metadata: dict, num_steps: int = 3) ->
 
 
 @register_reward("length")
-def length_reward(completion_text: str, metadata: dict, min_tokens: int = 0, max_tokens: int = 4096,
-                  verifier: str = "math") -> float:
+def length_reward(
+    completion_text: str, metadata: dict, min_tokens: int = 0, max_tokens: int = 4096, verifier: str = "math"
+) -> float:
     """Kimi 1.5 length reward: lambda = 0.5 - (len - min) / (max - min); correct -> lambda, wrong -> min(0, lambda)."""
     lo = metadata.get("group_min_tokens", min_tokens)
     hi = metadata.get("group_max_tokens", max_tokens)
@@ -104,9 +105,16 @@ def length_reward(completion_text: str, metadata: dict, min_tokens: int = 0, max
 
 
 @register_reward("cosine_length")
-def cosine_length(completion_text: str, metadata: dict, max_tokens: int = 1000, min_value_correct: float = 0.5,
-                  max_value_correct: float = 1.0, min_value_wrong: float = -1.0, max_value_wrong: float = -0.5,
-                  verifier: str = "math") -> float:
+def cosine_length(
+    completion_text: str,
+    metadata: dict,
+    max_tokens: int = 1000,
+    min_value_correct: float = 0.5,
+    max_value_correct: float = 1.0,
+    min_value_wrong: float = -1.0,
+    max_value_wrong: float = -0.5,
+    verifier: str = "math",
+) -> float:
     """Cosine-scaled length (open-r1 / Yeo et al.): short correct answers earn most, short wrong ones lose most."""
     progress = min(num_completion_tokens(completion_text, metadata), max_tokens) / max(1, max_tokens)
     cosine = math.cos(progress * math.pi)
@@ -143,5 +151,5 @@ def repetition_penalty(completion_text: str, metadata: dict, ngram_size: int = 3
     words = completion_text.lower().split()
     if len(words) < ngram_size:
         return 0.0
-    ngrams = [tuple(words[i:i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
+    ngrams = [tuple(words[i : i + ngram_size]) for i in range(len(words) - ngram_size + 1)]
     return (1.0 - len(set(ngrams)) / len(ngrams)) * max_penalty

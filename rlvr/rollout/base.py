@@ -109,8 +109,13 @@ class AdapterLoading(Protocol):
         ...
 
 
-def wait_until(cond: threading.Condition, predicate: Callable[[], bool], deadline: float | None,
-               check: Callable[[], None], what: str) -> None:
+def wait_until(
+    cond: threading.Condition,
+    predicate: Callable[[], bool],
+    deadline: float | None,
+    check: Callable[[], None],
+    what: str,
+) -> None:
     """Wait on `cond` (held by the caller) until predicate() holds; `check()` raises when the engine failed or
     shut down; TimeoutError names `what` once `deadline` (time.monotonic) passes."""
     while not predicate():
@@ -158,13 +163,19 @@ class GroupBook:
         self.aborted.update(u for u in uids if u in self.waiting)
         self.cond.notify_all()
 
-    def collect(self, requests: list[PromptRequest], uids: list[int], deadline: float,
-                check: Callable[[], None], engine_id: int) -> list[Sample]:
+    def collect(
+        self, requests: list[PromptRequest], uids: list[int], deadline: float, check: Callable[[], None], engine_id: int
+    ) -> list[Sample]:
         """Block until each uid's group is filed or aborted; samples in request order, then sample_index
         order. EngineError if any was aborted; `check` as in `wait_until`."""
         try:
-            wait_until(self.cond, lambda: all(self.waiting.get(u) is not None or u in self.aborted for u in uids),
-                       deadline, check, f"engine {engine_id}: generate()")
+            wait_until(
+                self.cond,
+                lambda: all(self.waiting.get(u) is not None or u in self.aborted for u in uids),
+                deadline,
+                check,
+                f"engine {engine_id}: generate()",
+            )
         finally:
             results = [self.waiting.pop(u, None) for u in uids]
             aborted = [r.prompt_id for r, u in zip(requests, uids, strict=True) if u in self.aborted]

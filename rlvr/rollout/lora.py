@@ -47,9 +47,15 @@ class LoraSpec:
 
     def peft_config(self, base_model_path: str | None = None) -> Any:
         peft = require_peft()
-        return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-                               target_modules=list(self.target_modules), bias="none", task_type="CAUSAL_LM",
-                               base_model_name_or_path=base_model_path)
+        return peft.LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules),
+            bias="none",
+            task_type="CAUSAL_LM",
+            base_model_name_or_path=base_model_path,
+        )
 
 
 def require_peft() -> Any:
@@ -141,8 +147,11 @@ def write_safetensors(named: list[tuple[str, torch.Tensor]], path: Path) -> None
         if t.dtype not in _SAFETENSORS_DTYPES or t.dim() == 0:
             raise ValueError(f"{name}: cannot write a {t.dtype} tensor of shape {tuple(t.shape)} as an adapter")
         size = t.numel() * t.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header, separators=(",", ":")).encode()
@@ -182,13 +191,17 @@ def load_adapter_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor
     got = {module_name(n) for n in tensors}
     if want != got:
         missing, extra = sorted(want - got), sorted(got - want)
-        raise ValueError(f"adapter does not match the model's LoRA settings: missing {missing[:3]}, "
-                         f"unexpected {extra[:3]} (compare --learner.lora-rank / --learner.lora-target-modules)")
+        raise ValueError(
+            f"adapter does not match the model's LoRA settings: missing {missing[:3]}, "
+            f"unexpected {extra[:3]} (compare --learner.lora-rank / --learner.lora-target-modules)"
+        )
     params = dict(model.named_parameters())
     for name, t in tensors.items():
         if tuple(params[module_name(name)].shape) != tuple(t.shape):
-            raise ValueError(f"adapter tensor {name} has shape {tuple(t.shape)}, the model's LoRA settings give "
-                             f"{tuple(params[module_name(name)].shape)} (compare --learner.lora-rank)")
+            raise ValueError(
+                f"adapter tensor {name} has shape {tuple(t.shape)}, the model's LoRA settings give "
+                f"{tuple(params[module_name(name)].shape)} (compare --learner.lora-rank)"
+            )
     return copy_named_tensors(model, to_module_names(tensors.items()))
 
 
@@ -228,7 +241,9 @@ def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
 
     fits = [r for r in VLLM_LORA_RANKS if r >= spec.rank]
     if not fits:
-        raise ValueError(f"--learner.lora-rank {spec.rank} exceeds the largest rank vLLM serves ({max(VLLM_LORA_RANKS)})")
+        raise ValueError(
+            f"--learner.lora-rank {spec.rank} exceeds the largest rank vLLM serves ({max(VLLM_LORA_RANKS)})"
+        )
     return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1, "max_cpu_loras": 1}
 
 

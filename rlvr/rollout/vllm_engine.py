@@ -71,9 +71,7 @@ def import_vllm() -> Any:
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError(
-            "the vLLM engine (rollout.backend=vllm) needs vllm==0.26.0: pip install 'rlvr[gpu]'"
-        ) from exc
+        raise ImportError("the vLLM engine (rollout.backend=vllm) needs vllm==0.26.0: pip install 'rlvr[gpu]'") from exc
     return vllm
 
 
@@ -96,8 +94,9 @@ class _SchedulerStatsTap:
     def __init__(self, sink: dict[str, float]) -> None:
         self.sink = sink
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any = None, mm_cache_stats: Any = None,
-               engine_idx: int = 0) -> None:
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any = None, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
         if scheduler_stats is not None:
             self.sink["vllm_running"] = float(scheduler_stats.num_running_reqs)
             self.sink["vllm_waiting"] = float(scheduler_stats.num_waiting_reqs)
@@ -149,7 +148,9 @@ class VLLMEngine(VLLMWeightUpdates):
         self._lora_request: Any = None  # what requests carry once an adapter is loaded (None: the base model)
         self._adapters = SharedMemoryAdapters(self.lora, model_path, f"e{engine_id}") if self.lora else None
         self.weight_transfer_backend = weight_transfer_backend or ("ipc" if colocate and not self.lora else "nccl")
-        self.sleep_enabled = (colocate and cfg.rollout.colocate_sleep) if enable_sleep_mode is None else enable_sleep_mode
+        self.sleep_enabled = (
+            (colocate and cfg.rollout.colocate_sleep) if enable_sleep_mode is None else enable_sleep_mode
+        )
         self.max_model_len = max_model_len or _default_max_model_len(model_path, cfg)
         self._version = initial_version
         self._lock = threading.Lock()
@@ -164,8 +165,13 @@ class VLLMEngine(VLLMWeightUpdates):
         self._stopped = False
         self._error: BaseException | None = None
         self._sched: dict[str, float] = {}
-        self._counters = {"completed_prompts": 0.0, "completed_samples": 0.0, "generated_tokens": 0.0,
-                          "busy_s": 0.0, "num_updates": 0.0}
+        self._counters = {
+            "completed_prompts": 0.0,
+            "completed_samples": 0.0,
+            "generated_tokens": 0.0,
+            "busy_s": 0.0,
+            "num_updates": 0.0,
+        }
         self._num_inflight = 0
         self._busy_since: float | None = None
         self._started = time.monotonic()
@@ -175,8 +181,11 @@ class VLLMEngine(VLLMWeightUpdates):
             tokenizer=tokenizer_path or cfg.model.tokenizer_path or model_path,
             dtype=dtype,
             seed=cfg.seed + engine_id,
-            gpu_memory_utilization=(gpu_memory_utilization if gpu_memory_utilization is not None
-                                    else cfg.rollout.vllm_gpu_memory_utilization),
+            gpu_memory_utilization=(
+                gpu_memory_utilization
+                if gpu_memory_utilization is not None
+                else cfg.rollout.vllm_gpu_memory_utilization
+            ),
             enforce_eager=cfg.rollout.vllm_enforce_eager,
             enable_prefix_caching=cfg.rollout.vllm_enable_prefix_caching,
             tensor_parallel_size=cfg.cluster.engine_tp,
@@ -200,8 +209,14 @@ class VLLMEngine(VLLMWeightUpdates):
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
-        logger.info("vLLM engine %d up (model %s, tp %d, backend %s, sleep mode %s)", engine_id, model_path,
-                    cfg.cluster.engine_tp, self.weight_transfer_backend, self.sleep_enabled)
+        logger.info(
+            "vLLM engine %d up (model %s, tp %d, backend %s, sleep mode %s)",
+            engine_id,
+            model_path,
+            cfg.cluster.engine_tp,
+            self.weight_transfer_backend,
+            self.sleep_enabled,
+        )
 
     # ------------------------------------------------------------------ protocol
     @property
@@ -226,16 +241,19 @@ class VLLMEngine(VLLMWeightUpdates):
         self._user_paused = False
         self._loop.call_soon_threadsafe(self._pump)
 
-    def score(self, prompt_token_ids: list[int], completion_token_ids: list[int],
-              temperature: float = 1.0) -> list[float]:
+    def score(
+        self, prompt_token_ids: list[int], completion_token_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
         """Teacher-forced log-probs of the completion tokens under the current weights (temperature 1 only)."""
         if not completion_token_ids:
             return []
         if not prompt_token_ids:
             raise ValueError("score() needs a non-empty prompt")
         if temperature >= GREEDY_TEMPERATURE_EPS and abs(temperature - 1.0) > 1e-6:
-            raise ValueError(f"VLLMEngine.score supports temperature 1.0 only (got {temperature}): vLLM's "
-                             "prompt_logprobs are taken before temperature scaling")
+            raise ValueError(
+                f"VLLMEngine.score supports temperature 1.0 only (got {temperature}): vLLM's "
+                "prompt_logprobs are taken before temperature scaling"
+            )
         ids = list(prompt_token_ids) + list(completion_token_ids)
         if len(ids) > self.max_model_len:
             raise ValueError(f"score(): {len(ids)} tokens exceed max_model_len {self.max_model_len}")
@@ -372,11 +390,20 @@ class VLLMEngine(VLLMWeightUpdates):
 
         greedy = s.temperature < GREEDY_TEMPERATURE_EPS
         kwargs: dict[str, Any] = dict(
-            n=1, temperature=0.0 if greedy else float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-            max_tokens=int(s.max_new_tokens), stop=list(s.stop_strings) or None,
-            stop_token_ids=list(s.stop_token_ids) or None, include_stop_str_in_output=True,
-            seed=None if s.seed is None else int(s.seed) + sample_index, logprobs=0, ignore_eos=self.ignore_eos,
-            skip_special_tokens=True, output_kind=RequestOutputKind.FINAL_ONLY)
+            n=1,
+            temperature=0.0 if greedy else float(s.temperature),
+            top_p=float(s.top_p),
+            top_k=int(s.top_k),
+            max_tokens=int(s.max_new_tokens),
+            stop=list(s.stop_strings) or None,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            include_stop_str_in_output=True,
+            seed=None if s.seed is None else int(s.seed) + sample_index,
+            logprobs=0,
+            ignore_eos=self.ignore_eos,
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         kwargs.update(overrides)
         return SamplingParams(**kwargs)
 
@@ -397,8 +424,9 @@ class VLLMEngine(VLLMWeightUpdates):
         self._busy(+1)
         final = None
         try:
-            async for out in self._llm.generate(prompt, self._vllm_params(req.sampling, j), rid,
-                                                lora_request=self._lora_request):
+            async for out in self._llm.generate(
+                prompt, self._vllm_params(req.sampling, j), rid, lora_request=self._lora_request
+            ):
                 final = out
             if final is None or not final.outputs:
                 raise EngineError(f"vLLM returned no output for request {rid}")
@@ -417,15 +445,26 @@ class VLLMEngine(VLLMWeightUpdates):
         req = job.request
         token_ids = [int(t) for t in comp.token_ids]
         if comp.logprobs is None or len(comp.logprobs) != len(token_ids):
-            raise EngineError(f"vLLM returned {0 if comp.logprobs is None else len(comp.logprobs)} log-probs for "
-                              f"{len(token_ids)} tokens")
+            raise EngineError(
+                f"vLLM returned {0 if comp.logprobs is None else len(comp.logprobs)} log-probs for "
+                f"{len(token_ids)} tokens"
+            )
         logprobs = [float(pos[t].logprob) for pos, t in zip(comp.logprobs, token_ids, strict=True)]
         return Sample(
-            prompt_id=req.prompt_id, sample_index=j, prompt_token_ids=list(req.prompt_token_ids),
-            completion_token_ids=token_ids, completion_text=comp.text or "", logprobs=logprobs,
-            finish_reason=_FINISH_REASONS.get(comp.finish_reason, "abort"), version_start=version_start,
-            version_end=self._version, engine_id=self.engine_id, metadata=req.metadata, is_eval=req.is_eval,
-            prompt_text=req.prompt_text)
+            prompt_id=req.prompt_id,
+            sample_index=j,
+            prompt_token_ids=list(req.prompt_token_ids),
+            completion_token_ids=token_ids,
+            completion_text=comp.text or "",
+            logprobs=logprobs,
+            finish_reason=_FINISH_REASONS.get(comp.finish_reason, "abort"),
+            version_start=version_start,
+            version_end=self._version,
+            engine_id=self.engine_id,
+            metadata=req.metadata,
+            is_eval=req.is_eval,
+            prompt_text=req.prompt_text,
+        )
 
     def _file(self, job: _Job, sample: Sample) -> None:
         job.done[sample.sample_index] = sample
@@ -455,12 +494,14 @@ class VLLMEngine(VLLMWeightUpdates):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         prompt = {"prompt_token_ids": ids, "cache_salt": cache_salt(self._version)}
         final = None
-        async for out in self._llm.generate(prompt, params, f"rlvr-score-e{self.engine_id}-{next(self._rids)}",
-                                            lora_request=self._lora_request):
+        async for out in self._llm.generate(
+            prompt, params, f"rlvr-score-e{self.engine_id}-{next(self._rids)}", lora_request=self._lora_request
+        ):
             final = out
         if final is None or final.prompt_logprobs is None:
             raise EngineError("vLLM returned no prompt log-probs")
@@ -484,8 +525,11 @@ def _default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None
     try:
         from transformers import AutoConfig
 
-        limit = getattr(AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
-                        "max_position_embeddings", None)
+        limit = getattr(
+            AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
+            "max_position_embeddings",
+            None,
+        )
     except (OSError, ValueError):
         return None
     return min(wanted, limit) if limit else wanted

@@ -64,8 +64,14 @@ class VLLMWeightUpdates:
         self._call(self._adapter_update(path, version))
 
     # ------------------------------------------------------------------ weight transfer (NCCL, CUDA IPC)
-    def init_weight_transfer(self, master_addr: str = "", master_port: int = 0, rank_offset: int = 1,
-                             world_size: int = 2, timeout_s: float = 600.0) -> None:
+    def init_weight_transfer(
+        self,
+        master_addr: str = "",
+        master_port: int = 0,
+        rank_offset: int = 1,
+        world_size: int = 2,
+        timeout_s: float = 600.0,
+    ) -> None:
         """Join the trainer's weight-transfer group. NCCL: blocks until every member joined, so call it
         concurrently with `NcclWeightSender(...)` on learner rank 0; this engine's TP workers take ranks
         rank_offset .. rank_offset + engine_tp - 1 (rank_offset = 1 + engine_index * engine_tp). IPC: no-op."""
@@ -73,10 +79,13 @@ class VLLMWeightUpdates:
 
         info: dict[str, Any] = {}
         if self.weight_transfer_backend != "ipc":
-            info = {"master_address": master_addr, "master_port": int(master_port),
-                    "rank_offset": int(rank_offset), "world_size": int(world_size)}
-        self._call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)),
-                   timeout=timeout_s)
+            info = {
+                "master_address": master_addr,
+                "master_port": int(master_port),
+                "rank_offset": int(rank_offset),
+                "world_size": int(world_size),
+            }
+        self._call(self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=info)), timeout=timeout_s)
 
     def begin_weight_update(self) -> float:
         """Stop admission, pause vLLM (keep or drain), start the update session; returns seconds taken."""
@@ -91,8 +100,9 @@ class VLLMWeightUpdates:
         """Finish the session, set policy_version = version, resume; returns seconds taken."""
         return self._call(self._finish_update(version))
 
-    def receive_weights_nccl(self, metadata: dict[str, Any], version: int, *, packed: bool = True,
-                             timeout_s: float | None = None) -> dict[str, float]:
+    def receive_weights_nccl(
+        self, metadata: dict[str, Any], version: int, *, packed: bool = True, timeout_s: float | None = None
+    ) -> dict[str, float]:
         """One whole NCCL update: run it concurrently with `NcclWeightSender.send` on learner rank 0.
 
         `metadata` = {"names", "dtype_names", "shapes"} in the sender's order (`rlvr.weight_sync.nccl.
@@ -178,5 +188,9 @@ class VLLMWeightUpdates:
         await self._guard(self._update_chunk(info))
         t2 = time.perf_counter()
         out = await self._finish_update(version)
-        return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **out,
-                "sync/engine_total_s": time.perf_counter() - t0}
+        return {
+            "sync/pause_s": pause_s,
+            "sync/receive_load_s": t2 - t1,
+            **out,
+            "sync/engine_total_s": time.perf_counter() - t0,
+        }

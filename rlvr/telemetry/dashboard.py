@@ -35,8 +35,12 @@ from typing import Any
 
 from tyro.conf import Positional
 
-RUN_FILES: dict[str, str] = {"metrics": "metrics.jsonl", "eval": "eval.jsonl", "samples": "samples.jsonl",
-                             "eval_samples": "eval_samples.jsonl"}
+RUN_FILES: dict[str, str] = {
+    "metrics": "metrics.jsonl",
+    "eval": "eval.jsonl",
+    "samples": "samples.jsonl",
+    "eval_samples": "eval_samples.jsonl",
+}
 """Page data key -> file name in the run directory."""
 DATA_PLACEHOLDER = "/*__RLVR_DATA__*/null"
 """Replaced in the page by the embedded data on export (live pages keep null and poll the server)."""
@@ -91,7 +95,7 @@ class JsonlTail:
         with self._lock:
             if epoch != self.epoch:
                 return self.epoch, list(self.records), True
-            return self.epoch, self.records[max(0, index):], False
+            return self.epoch, self.records[max(0, index) :], False
 
 
 def _trim(record: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +210,7 @@ def host_allowed(host: str | None, bound_host: str = "127.0.0.1") -> bool:
         end = host.find("]")
         if end < 0:
             return False
-        name, rest = host[:end + 1], host[end + 1:]
+        name, rest = host[: end + 1], host[end + 1 :]
         if rest and not rest.startswith(":"):
             return False
         port = rest[1:]

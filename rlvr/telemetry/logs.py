@@ -53,8 +53,7 @@ class _RoleFilter(logging.Filter):
         return True
 
 
-def setup_logging(role: str = "driver", rank: int | None = None, level: str = "INFO",
-                  path: str | None = None) -> None:
+def setup_logging(role: str = "driver", rank: int | None = None, level: str = "INFO", path: str | None = None) -> None:
     """Configure the `rlvr` logger of this process (idempotent: replaces earlier rlvr handlers). Actors pass no
     `path` and append to $RLVR_EVENTS_LOG when it is set."""
     root = logging.getLogger("rlvr")

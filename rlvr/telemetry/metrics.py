@@ -70,8 +70,10 @@ class Progress:
         if "eval/reward_mean" in metrics:
             self.last_eval = metrics["eval/reward_mean"]
         ev = f" eval {self.last_eval:.3f}" if self.last_eval is not None else ""
-        line = (f"step {step}/{self.total} reward {metrics.get('reward/total_mean', float('nan')):.3f}{ev} "
-                f"tok/s {metrics.get('perf/tokens_per_s', 0):.0f} ETA {eta:.0f}s")
+        line = (
+            f"step {step}/{self.total} reward {metrics.get('reward/total_mean', float('nan')):.3f}{ev} "
+            f"tok/s {metrics.get('perf/tokens_per_s', 0):.0f} ETA {eta:.0f}s"
+        )
         end = "\n" if (not self.stream.isatty() or step == self.total) else ""
         self.stream.write(("\r" if self.stream.isatty() else "") + line + end)
         self.stream.flush()

@@ -70,8 +70,13 @@ class MetricReducer:
     def record(self, metric: Metric) -> None:
         self.add(metric.key, metric.value, metric.reduce, metric.weight)
 
-    def add_all(self, values: Mapping[str, float], reductions: Mapping[str, Reduction] | None = None,
-                default: Reduction = "mean", weight: float = 1.0) -> None:
+    def add_all(
+        self,
+        values: Mapping[str, float],
+        reductions: Mapping[str, Reduction] | None = None,
+        default: Reduction = "mean",
+        weight: float = 1.0,
+    ) -> None:
         """Every key of `values`, reduced as `reductions` says, else by suffix (`_max`, `_min`), else `default`."""
         for key, value in values.items():
             reduce = (reductions or {}).get(key) or reduction_by_suffix(key, default)
@@ -105,8 +110,9 @@ class ReducedMetrics(dict):
         self.reducer = reducer
 
 
-def reduce_all(parts: Iterable[Mapping[str, float]], reductions: Mapping[str, Reduction] | None = None,
-               default: Reduction = "mean") -> dict[str, float]:
+def reduce_all(
+    parts: Iterable[Mapping[str, float]], reductions: Mapping[str, Reduction] | None = None, default: Reduction = "mean"
+) -> dict[str, float]:
     """One dict of several producers' metrics: `ReducedMetrics` merge their reducers; plain dicts are reduced by
     `reductions`, else by suffix, else `default` (each producer's value has weight 1)."""
     total = MetricReducer()

@@ -50,15 +50,19 @@ def summary_lines(run_dir: Path, step: int, elapsed_s: float, final: dict[str, f
     """The summary of a finished run (module docstring); `final` is the last step's metrics."""
     ckpt = last_checkpoint(run_dir)
     ev = last_record(run_dir / "eval.jsonl")
-    lines = [f"rlvr train: finished at step {step} in {elapsed_s:.0f} s",
-             f"  run dir      {run_dir}",
-             f"  checkpoint   {ckpt if ckpt is not None else 'none written'}",
-             f"  train        reward {_num(final.get('reward/total_mean'))}"]
+    lines = [
+        f"rlvr train: finished at step {step} in {elapsed_s:.0f} s",
+        f"  run dir      {run_dir}",
+        f"  checkpoint   {ckpt if ckpt is not None else 'none written'}",
+        f"  train        reward {_num(final.get('reward/total_mean'))}",
+    ]
     if ev is not None:
         n = ev.get("eval/num_prompts")
         prompts = f" over {int(n)} prompts" if isinstance(n, (int, float)) else ""
-        lines.append(f"  final eval   step {ev.get('step')}: reward {_num(ev.get('eval/reward_mean'))}  "
-                     f"{_pass_at_k(ev)}{prompts}".rstrip())
+        lines.append(
+            f"  final eval   step {ev.get('step')}: reward {_num(ev.get('eval/reward_mean'))}  "
+            f"{_pass_at_k(ev)}{prompts}".rstrip()
+        )
     else:
         lines.append("  final eval   none (--eval.every-n-steps 0 and --eval.at-step-0 False)")
     lines += ["next:", f"  rlvr dashboard {shlex.quote(str(run_dir))}"]
@@ -71,8 +75,9 @@ def summary_lines(run_dir: Path, step: int, elapsed_s: float, final: dict[str, f
     return lines
 
 
-def print_summary(run_dir: Path, step: int, elapsed_s: float, final: dict[str, float],
-                  stream: TextIO | None = None) -> None:
+def print_summary(
+    run_dir: Path, step: int, elapsed_s: float, final: dict[str, float], stream: TextIO | None = None
+) -> None:
     """Write `summary_lines` to `stream` (stdout by default)."""
     out = stream or sys.stdout
     out.write("\n".join(summary_lines(run_dir, step, elapsed_s, final)) + "\n")

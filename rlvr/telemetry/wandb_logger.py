@@ -57,9 +57,17 @@ def _plain(config: Any) -> Any:
 class WandbLogger:
     """The run's wandb connection (module docstring); every method is a no-op with mode `off`."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], mode: WandbMode = "off", project: str = "rlvr",
-                 entity: str | None = None, run_name: str | None = None, config: Any = None,
-                 samples_every_n_steps: int = 1, wandb_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        mode: WandbMode = "off",
+        project: str = "rlvr",
+        entity: str | None = None,
+        run_name: str | None = None,
+        config: Any = None,
+        samples_every_n_steps: int = 1,
+        wandb_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         if mode not in ("off", "online", "offline"):
             raise ValueError(f"wandb mode must be off, online or offline, got {mode!r}")
         self.mode = mode
@@ -73,9 +81,17 @@ class WandbLogger:
         self.run_id = persisted_run_id(run_dir)
         directory = Path(wandb_dir or os.environ.get("WANDB_DIR") or run_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=project, entity=entity, name=run_name or Path(run_dir).name, id=self.run_id,
-                              resume="allow", mode=mode, dir=str(directory), config=_plain(config),
-                              settings=wandb.Settings(console="off"))
+        self.run = wandb.init(
+            project=project,
+            entity=entity,
+            name=run_name or Path(run_dir).name,
+            id=self.run_id,
+            resume="allow",
+            mode=mode,
+            dir=str(directory),
+            config=_plain(config),
+            settings=wandb.Settings(console="off"),
+        )
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
         log.info("wandb %s run %s (project %s)", mode, self.run_id, project)
@@ -84,8 +100,15 @@ class WandbLogger:
     def from_config(cls, cfg: Any, run_dir: str | os.PathLike[str]) -> WandbLogger:
         """From an `ExperimentConfig` (its `logging` section), logging the whole resolved config."""
         lc = cfg.logging
-        return cls(run_dir, mode=lc.wandb_mode, project=lc.wandb_project, entity=lc.wandb_entity,
-                   run_name=lc.run_name, config=cfg, samples_every_n_steps=lc.wandb_table_every_n_steps)
+        return cls(
+            run_dir,
+            mode=lc.wandb_mode,
+            project=lc.wandb_project,
+            entity=lc.wandb_entity,
+            run_name=lc.run_name,
+            config=cfg,
+            samples_every_n_steps=lc.wandb_table_every_n_steps,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -114,8 +137,16 @@ class WandbLogger:
         table = self._wandb.Table(columns=SAMPLE_COLUMNS + [f"reward/{f}" for f in functions])
         for s in samples:
             scores = s.get("scores") or {}
-            table.add_data(s.get("step", step), s.get("prompt_id"), s.get("prompt"), s.get("completion"),
-                           s.get("total"), s.get("advantage"), s.get("correct"), *[scores.get(f) for f in functions])
+            table.add_data(
+                s.get("step", step),
+                s.get("prompt_id"),
+                s.get("prompt"),
+                s.get("completion"),
+                s.get("total"),
+                s.get("advantage"),
+                s.get("correct"),
+                *[scores.get(f) for f in functions],
+            )
         self.run.log({"samples/completions": table, STEP_KEY: step})
         return True
 

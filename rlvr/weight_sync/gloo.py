@@ -19,9 +19,23 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_BUCKET_BYTES = 64 << 20
-_DTYPES = {str(dt).removeprefix("torch."): dt for dt in (
-    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-    torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)}
+_DTYPES = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    )
+}
 
 Meta = list[tuple[str, torch.dtype, tuple[int, ...]]]
 
@@ -47,8 +61,15 @@ def decode_meta(payload: bytes) -> Meta:
 class GlooWeightGroup:
     """One end of the learner -> engines broadcast group."""
 
-    def __init__(self, master_addr: str, master_port: int, rank: int, world_size: int,
-                 timeout_s: float = 300.0, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+    def __init__(
+        self,
+        master_addr: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        timeout_s: float = 300.0,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    ) -> None:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timeout)
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("rlvr-weight-sync", self.store), rank, world_size, timeout)
@@ -62,8 +83,11 @@ class GlooWeightGroup:
     def _broadcast_bytes(self, payload: bytes | None) -> bytes:
         size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
         self._broadcast(size)
-        buf = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload is not None
-               else torch.empty(int(size.item()), dtype=torch.uint8))
+        buf = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            if payload is not None
+            else torch.empty(int(size.item()), dtype=torch.uint8)
+        )
         self._broadcast(buf)
         return buf.numpy().tobytes()
 
@@ -92,8 +116,11 @@ class GlooWeightGroup:
             flat = torch.cat([items[i][1].reshape(-1) for i in bucket])
             self._broadcast(flat)
             total += flat.numel() * flat.element_size()
-        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(total),
-                "sync/num_buckets": float(len(buckets))}
+        return {
+            "sync/seconds": time.perf_counter() - t0,
+            "sync/bytes": float(total),
+            "sync/num_buckets": float(len(buckets)),
+        }
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Ranks > 0: yield (name, tensor) in the sender's order (consume it fully)."""

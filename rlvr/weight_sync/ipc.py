@@ -36,8 +36,9 @@ def _vllm_ipc() -> Any:
     return ipc_engine
 
 
-def _wire(named_tensors: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.dtype | None,
-          tally: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+def _wire(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.dtype | None, tally: list[int]
+) -> Iterator[tuple[str, torch.Tensor]]:
     for name, tensor in named_tensors:
         t = wire_tensor(tensor, wire_dtype)
         if not t.is_cuda:
@@ -49,8 +50,13 @@ def _wire(named_tensors: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.d
 class IpcWeightSender:
     """A learner rank's end of the colocated CUDA IPC sync (every rank calls `send`; rank 0 delivers)."""
 
-    def __init__(self, deliver: Callable[[dict[str, Any]], None], *, buffer_size_bytes: int = DEFAULT_IPC_BUFFER_BYTES,
-                 wire_dtype: torch.dtype | None = torch.bfloat16) -> None:
+    def __init__(
+        self,
+        deliver: Callable[[dict[str, Any]], None],
+        *,
+        buffer_size_bytes: int = DEFAULT_IPC_BUFFER_BYTES,
+        wire_dtype: torch.dtype | None = torch.bfloat16,
+    ) -> None:
         """`deliver(update_info)`: load one chunk into every engine and return when they are done (e.g.
         `ray.get([e.update_weights_chunk.remote(info) for e in engines], timeout=...)`)."""
         self._ipc = _vllm_ipc()
@@ -61,17 +67,22 @@ class IpcWeightSender:
         self.num_chunks += 1
         self.deliver(dataclasses.asdict(update_info))
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-             metadata: dict[str, list] | None = None) -> dict[str, float]:
+    def send(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, list] | None = None
+    ) -> dict[str, float]:
         """Share and deliver the tensors; returns `sync/seconds`, `sync/bytes`, `sync/num_chunks`.
 
         `metadata` (`rlvr.weight_sync.nccl.weight_metadata`), when given, sizes the buffer to fit the
         largest tensor."""
         size = self.buffer_size_bytes
         if metadata is not None:
-            itemsize = {n: torch.empty((), dtype=getattr(torch, n)).element_size() for n in set(metadata["dtype_names"])}
-            largest = max((torch.Size(s).numel() * itemsize[d] for s, d in zip(metadata["shapes"], metadata["dtype_names"])),
-                          default=0)
+            itemsize = {
+                n: torch.empty((), dtype=getattr(torch, n)).element_size() for n in set(metadata["dtype_names"])
+            }
+            largest = max(
+                (torch.Size(s).numel() * itemsize[d] for s, d in zip(metadata["shapes"], metadata["dtype_names"])),
+                default=0,
+            )
             size = max(size, largest)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -81,8 +92,12 @@ class IpcWeightSender:
         with torch.no_grad():
             self._ipc.IPCWeightTransferEngine.trainer_send_weights(_wire(named_tensors, self.wire_dtype, tally), args)
         seconds = time.perf_counter() - t0
-        return {"sync/seconds": seconds, "sync/bytes": float(tally[0]), "sync/num_chunks": float(self.num_chunks),
-                "sync/gb_per_s": tally[0] / seconds / 1e9 if seconds > 0 else 0.0}
+        return {
+            "sync/seconds": seconds,
+            "sync/bytes": float(tally[0]),
+            "sync/num_chunks": float(self.num_chunks),
+            "sync/gb_per_s": tally[0] / seconds / 1e9 if seconds > 0 else 0.0,
+        }
 
     def close(self) -> None:
         pass

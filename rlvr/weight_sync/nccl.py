@@ -44,8 +44,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).split(".")[-1]
 
 
-def weight_metadata(named_tensors: Iterable[tuple[str, torch.Tensor]],
-                    wire_dtype: torch.dtype | None = torch.bfloat16) -> dict[str, list]:
+def weight_metadata(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], wire_dtype: torch.dtype | None = torch.bfloat16
+) -> dict[str, list]:
     """{"names", "dtype_names", "shapes"} of the tensors as `send` will put them on the wire (in order).
 
     Iterating a ZeRO-3 learner's `named_weights()` gathers: call it on every learner rank (once; the
@@ -59,8 +60,13 @@ def weight_metadata(named_tensors: Iterable[tuple[str, torch.Tensor]],
     return {"names": names, "dtype_names": dtype_names, "shapes": shapes}
 
 
-def _checked(named_tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, list] | None,
-             wire_dtype: torch.dtype | None, device: torch.device, tally: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+def _checked(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    metadata: dict[str, list] | None,
+    wire_dtype: torch.dtype | None,
+    device: torch.device,
+    tally: list[int],
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield wire tensors on `device`, checking them against `metadata`; count bytes into tally[0]."""
     num = 0
     for i, (name, tensor) in enumerate(named_tensors):
@@ -87,9 +93,18 @@ def _checked(named_tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[s
 class NcclWeightSender:
     """Learner rank 0's end of the NCCL weight-sync group (the engines' end lives inside vLLM)."""
 
-    def __init__(self, master_addr: str, master_port: int, world_size: int, device: torch.device | str | int | None = None,
-                 *, packed: bool = True, buffer_size_bytes: int = DEFAULT_BUFFER_BYTES,
-                 num_buffers: int = DEFAULT_NUM_BUFFERS, wire_dtype: torch.dtype | None = torch.bfloat16) -> None:
+    def __init__(
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        device: torch.device | str | int | None = None,
+        *,
+        packed: bool = True,
+        buffer_size_bytes: int = DEFAULT_BUFFER_BYTES,
+        num_buffers: int = DEFAULT_NUM_BUFFERS,
+        wire_dtype: torch.dtype | None = torch.bfloat16,
+    ) -> None:
         """Blocks until every engine worker joined (see module docstring). `device`: this process's CUDA
         device (default: the current one); vLLM's trainer_init uses the current device, so it is set here."""
         try:
@@ -103,7 +118,8 @@ class NcclWeightSender:
         self.buffer_size_bytes, self.num_buffers = buffer_size_bytes, num_buffers
         self._engine_cls = NCCLWeightTransferEngine
         self.group = NCCLWeightTransferEngine.trainer_init(
-            {"master_address": master_addr, "master_port": int(master_port), "world_size": int(world_size)})
+            {"master_address": master_addr, "master_port": int(master_port), "world_size": int(world_size)}
+        )
 
     def update_info(self, metadata: dict[str, list]) -> dict[str, Any]:
         """What each engine passes to `receive_weights_nccl` (metadata + the packing settings)."""
@@ -112,8 +128,9 @@ class NcclWeightSender:
             out.update(packed_buffer_size_bytes=self.buffer_size_bytes, packed_num_buffers=self.num_buffers)
         return out
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]],
-             metadata: dict[str, list] | None = None) -> dict[str, float]:
+    def send(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, list] | None = None
+    ) -> dict[str, float]:
         """Broadcast the tensors (in metadata order); returns `sync/seconds`, `sync/bytes`, `sync/gb_per_s`.
 
         Run concurrently with every engine's `receive_weights_nccl`; seconds include waiting for them."""
@@ -122,16 +139,23 @@ class NcclWeightSender:
         torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
         tally = [0]
-        args = NCCLTrainerSendWeightsArgs(group=self.group, packed=self.packed,
-                                          packed_buffer_size_bytes=self.buffer_size_bytes,
-                                          packed_num_buffers=self.num_buffers)
+        args = NCCLTrainerSendWeightsArgs(
+            group=self.group,
+            packed=self.packed,
+            packed_buffer_size_bytes=self.buffer_size_bytes,
+            packed_num_buffers=self.num_buffers,
+        )
         with torch.no_grad():
             self._engine_cls.trainer_send_weights(
-                _checked(named_tensors, metadata, self.wire_dtype, self.device, tally), args)
+                _checked(named_tensors, metadata, self.wire_dtype, self.device, tally), args
+            )
         torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - t0
-        return {"sync/seconds": seconds, "sync/bytes": float(tally[0]),
-                "sync/gb_per_s": tally[0] / seconds / 1e9 if seconds > 0 else 0.0}
+        return {
+            "sync/seconds": seconds,
+            "sync/bytes": float(tally[0]),
+            "sync/gb_per_s": tally[0] / seconds / 1e9 if seconds > 0 else 0.0,
+        }
 
     def close(self) -> None:
         self.group = None

@@ -48,8 +48,12 @@ class Steps:
     """Engines receive while learner rank 0 sends (a collective), else after it, from the sender's `HANDOFF`."""
 
 
-STEPS = {"gloo": Steps(begin=False, concurrent=True), "nccl": Steps(begin=False, concurrent=True),
-         "ipc": Steps(begin=True, concurrent=False), "shm": Steps(begin=False, concurrent=False)}
+STEPS = {
+    "gloo": Steps(begin=False, concurrent=True),
+    "nccl": Steps(begin=False, concurrent=True),
+    "ipc": Steps(begin=True, concurrent=False),
+    "shm": Steps(begin=False, concurrent=False),
+}
 
 
 def steps(kind: str) -> Steps:
@@ -89,8 +93,7 @@ class WeightSender(Protocol):
         `HANDOFF` for a kind whose engines receive after the send. Ranks > 0 return {}."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -105,8 +108,7 @@ class WeightReceiver(Protocol):
         """receive -> pause -> load -> policy_version = version -> resume; `sync/*` seconds."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def _check_kind(kind: str) -> None:
@@ -114,8 +116,9 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"unknown weight-sync transport {kind!r}; choose one of {', '.join(KINDS)}")
 
 
-def send_all(sender: WeightSender, named: Iterable[tuple[str, torch.Tensor]], version: int,
-             deliver: Deliver | None = None) -> dict[str, Any]:
+def send_all(
+    sender: WeightSender, named: Iterable[tuple[str, torch.Tensor]], version: int, deliver: Deliver | None = None
+) -> dict[str, Any]:
     """A learner rank's part of one sync: `sender.send`, then the rest of `named` drained, even when the send failed
     midway: a ZeRO-3 learner's tensors are gathered (collectives) as they are iterated, and the other ranks would
     otherwise wait in the next bucket's gather (a no-op when the sender consumed everything)."""
@@ -165,8 +168,7 @@ class NcclSender:
 class IpcSender:
     """Every rank shares its GPU's tensors (each engine worker finds its own GPU's handle); rank 0 delivers."""
 
-    def __init__(self, rank: int, meta: dict[str, list],
-                 make: Callable[[Deliver], Any] | None = None) -> None:
+    def __init__(self, rank: int, meta: dict[str, list], make: Callable[[Deliver], Any] | None = None) -> None:
         self.rank, self.meta = rank, meta
         self.make = make or _ipc_weight_sender
 
@@ -208,17 +210,30 @@ class ShmSender:
 
         t0 = time.perf_counter()
         path = self.adapters.write(named, version)
-        return {HANDOFF: str(path), "sync/seconds": time.perf_counter() - t0,
-                "sync/bytes": float(path.joinpath(WEIGHTS_FILE).stat().st_size)}
+        return {
+            HANDOFF: str(path),
+            "sync/seconds": time.perf_counter() - t0,
+            "sync/bytes": float(path.joinpath(WEIGHTS_FILE).stat().st_size),
+        }
 
     def close(self) -> None:
         if self.adapters is not None:
             self.adapters.close()
 
 
-def make_sender(kind: str, *, rank: int, addr: str = "", port: int = 0, world_size: int = 1,
-                timeout_s: float = 300.0, named_weights: Callable[[], Named] | None = None, lora: Any = None,
-                model_path: str = "", previous: WeightSender | None = None) -> WeightSender:
+def make_sender(
+    kind: str,
+    *,
+    rank: int,
+    addr: str = "",
+    port: int = 0,
+    world_size: int = 1,
+    timeout_s: float = 300.0,
+    named_weights: Callable[[], Named] | None = None,
+    lora: Any = None,
+    model_path: str = "",
+    previous: WeightSender | None = None,
+) -> WeightSender:
     """A learner rank's sender. `addr:port`: the group's rendezvous on learner rank 0 (world = 1 + the engines' ranks);
     `named_weights()`: the learner's tensors in send order (iterated once here, on every rank, for "nccl"/"ipc"
     metadata); `lora`/`model_path`: the adapter's `LoraSpec` and base model (for "shm"). Blocks, for "gloo"/"nccl"
@@ -308,7 +323,7 @@ class IpcReceiver:
 
 
 class AdapterDirReceiver:
-    """"shm": the engine loads the adapter directory at the handed-over path (on this host)."""
+    """ "shm": the engine loads the adapter directory at the handed-over path (on this host)."""
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -325,16 +340,27 @@ class AdapterDirReceiver:
         pass
 
 
-def make_receiver(kind: str, engine: Any, *, addr: str = "", port: int = 0, rank: int = 1, world_size: int = 2,
-                  timeout_s: float = 300.0, lora: bool = False) -> WeightReceiver:
+def make_receiver(
+    kind: str,
+    engine: Any,
+    *,
+    addr: str = "",
+    port: int = 0,
+    rank: int = 1,
+    world_size: int = 2,
+    timeout_s: float = 300.0,
+    lora: bool = False,
+) -> WeightReceiver:
     """An engine's receiver: joins learner rank 0's group at `addr:port` as `rank` (the first of its tensor-parallel
     workers for "nccl"); `lora`: the learner sends a LoRA adapter, not full weights."""
     _check_kind(kind)
     if kind == "gloo":
         from rlvr.weight_sync.gloo import GlooWeightGroup
 
-        return TensorReceiver(GlooWeightGroup(addr, port, rank, world_size, timeout_s),
-                              engine.load_adapter if lora else engine.load_weights)
+        return TensorReceiver(
+            GlooWeightGroup(addr, port, rank, world_size, timeout_s),
+            engine.load_adapter if lora else engine.load_weights,
+        )
     if kind == "shm":
         return AdapterDirReceiver(engine)
     engine.init_weight_transfer(addr, port, rank, world_size, timeout_s)  # NCCL: blocks until the group is whole

@@ -94,8 +94,10 @@ def test_matches_loop_reference(seed: int, scale: str, flavour: str) -> None:
     adv = group_advantages(rewards, valid, scale=scale, std=flavour, eps=EPS)  # type: ignore[arg-type]
     ref = _reference(groups, scale, flavour, EPS)
     for n, group in enumerate(ref):
-        torch.testing.assert_close(adv[n, : len(group)], torch.tensor(group, dtype=torch.float64), rtol=1e-12, atol=1e-12)
-        assert torch.all(adv[n, len(group):] == 0)
+        torch.testing.assert_close(
+            adv[n, : len(group)], torch.tensor(group, dtype=torch.float64), rtol=1e-12, atol=1e-12
+        )
+        assert torch.all(adv[n, len(group) :] == 0)
 
 
 def _sample(i: int) -> Sample:

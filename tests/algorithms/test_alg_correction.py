@@ -67,8 +67,13 @@ def test_loop_reference(seed: int, mode: str) -> None:
     ids = [[(r * 10 + t // 4) if t < 10 else -1 for t in range(length)] for r in range(rows)]
     mask = [[m and i >= 0 for m, i in zip(mrow, irow)] for mrow, irow in zip(mask, ids)]  # padding never in loss
     cfg = CorrectionConfig(mode, 1.3, 0.8)  # type: ignore[arg-type]
-    w, _ = importance_weights(torch.tensor(old, dtype=torch.float64), torch.tensor(gen, dtype=torch.float64),
-                              torch.tensor(mask), cfg, torch.tensor(ids))
+    w, _ = importance_weights(
+        torch.tensor(old, dtype=torch.float64),
+        torch.tensor(gen, dtype=torch.float64),
+        torch.tensor(mask),
+        cfg,
+        torch.tensor(ids),
+    )
     seq_sum: dict[int, float] = {}
     for r in range(rows):
         for t in range(length):

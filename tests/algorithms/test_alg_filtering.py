@@ -19,12 +19,21 @@ def _group(pid: str, totals: list[float | None], correct: list[bool | None] | No
 
 
 def test_hand_classification() -> None:
-    groups = [_group("a", [1.0, 1.0]), _group("b", [0.0, 0.0]), _group("c", [1.0, 0.0]), _group("d", [None, None]),
-              _group("e", [0.5, 0.5], [True, False])]
+    groups = [
+        _group("a", [1.0, 1.0]),
+        _group("b", [0.0, 0.0]),
+        _group("c", [1.0, 0.0]),
+        _group("d", [None, None]),
+        _group("e", [0.5, 0.5], [True, False]),
+    ]
     kept, metrics = filter_groups(groups)
     assert [g.prompt_id for g in kept] == ["c"]
-    assert metrics == {"data/groups_kept": 1.0, "data/groups_all_correct": 1.0, "data/groups_all_wrong": 1.0,
-                       "data/groups_other_zero_variance": 2.0}
+    assert metrics == {
+        "data/groups_kept": 1.0,
+        "data/groups_all_correct": 1.0,
+        "data/groups_all_wrong": 1.0,
+        "data/groups_other_zero_variance": 2.0,
+    }
 
 
 def test_none_reward_does_not_make_group_informative() -> None:
@@ -35,8 +44,9 @@ def test_none_reward_does_not_make_group_informative() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_classify_matches_loop(seed: int) -> None:
     rng = random.Random(seed)
-    groups = [[None if rng.random() < 0.2 else float(rng.randint(0, 1)) for _ in range(rng.randint(2, 5))]
-              for _ in range(30)]
+    groups = [
+        [None if rng.random() < 0.2 else float(rng.randint(0, 1)) for _ in range(rng.randint(2, 5))] for _ in range(30)
+    ]
     rewards, valid = rewards_to_tensor(groups)
     classes = classify_groups(rewards, valid)
     for n, group in enumerate(groups):

@@ -25,8 +25,17 @@ from rlvr.types import PackedBatch
 
 VOCAB, PACK_LENGTH = 11, 24
 CONFIGS = [
-    LossConfig(loss=loss, aggregation=agg, clip_delta=3.0, kl_beta=0.05, entropy_coef=0.01, max_completion_length=16,
-               cispo_eps_max=1.2, clip_eps_low=0.1, clip_eps_high=0.1)
+    LossConfig(
+        loss=loss,
+        aggregation=agg,
+        clip_delta=3.0,
+        kl_beta=0.05,
+        entropy_coef=0.01,
+        max_completion_length=16,
+        cispo_eps_max=1.2,
+        clip_eps_low=0.1,
+        clip_eps_high=0.1,
+    )
     for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
     for loss in ("dapo", "gspo", "cispo", "sapo")
 ]
@@ -53,7 +62,7 @@ def _inputs(seed: int) -> list[PackInput]:
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))]
         completion = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 10))]
         ids = torch.tensor([prompt + completion])
-        lp = _logprobs(table0, ids)[0][0, len(prompt):]
+        lp = _logprobs(table0, ids)[0][0, len(prompt) :]
         engine = (lp + torch.randn(len(completion), dtype=torch.float64, generator=gen) * 0.3).tolist()
         out.append(PackInput(i, prompt, completion, engine, rng.gauss(0, 1), in_loss=rng.random() > 0.15))
     return out
@@ -66,18 +75,32 @@ def step_grad(table: torch.Tensor, batch: PackedBatch, config: LossConfig) -> to
         lp, ent = _logprobs(table, mb.input_ids)
         old = mb.engine_logprobs
         weights, _ = importance_weights(old, old * 1.1, mb.loss_mask, CorrectionConfig("token", 1.5), mb.sample_ids)
-        loss, _ = policy_loss(lp, old, mb.advantages, mb.loss_mask, config,
-                              global_num_loss_tokens=batch.global_num_loss_tokens,
-                              global_num_samples=batch.global_num_samples, sample_ids=mb.sample_ids,
-                              ref_logprobs=old * 0.9, is_weights=weights, entropy=ent)
+        loss, _ = policy_loss(
+            lp,
+            old,
+            mb.advantages,
+            mb.loss_mask,
+            config,
+            global_num_loss_tokens=batch.global_num_loss_tokens,
+            global_num_samples=batch.global_num_samples,
+            sample_ids=mb.sample_ids,
+            ref_logprobs=old * 0.9,
+            is_weights=weights,
+            entropy=ent,
+        )
         loss.backward()
     assert table.grad is not None
     return table.grad
 
 
 def _packed(seed: int, num_ranks: int, micro_batch_rows: int) -> list[PackedBatch]:
-    return build_packed_batches(_inputs(seed), pack_length=PACK_LENGTH, num_ranks=num_ranks,
-                                micro_batch_rows=micro_batch_rows, dtype=torch.float64)
+    return build_packed_batches(
+        _inputs(seed),
+        pack_length=PACK_LENGTH,
+        num_ranks=num_ranks,
+        micro_batch_rows=micro_batch_rows,
+        dtype=torch.float64,
+    )
 
 
 def _num_rows(seed: int) -> int:

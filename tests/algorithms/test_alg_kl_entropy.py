@@ -15,8 +15,9 @@ def test_kl_hand() -> None:
     lp, ref = torch.tensor([0.0, -1.0], dtype=torch.float64), torch.tensor([-0.5, -1.0], dtype=torch.float64)
     torch.testing.assert_close(kl_penalty(lp, ref, "k1"), torch.tensor([0.5, 0.0], dtype=torch.float64))
     torch.testing.assert_close(kl_penalty(lp, ref, "k2"), torch.tensor([0.125, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(kl_penalty(lp, ref, "k3"),
-                               torch.tensor([math.exp(-0.5) - 1 + 0.5, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(
+        kl_penalty(lp, ref, "k3"), torch.tensor([math.exp(-0.5) - 1 + 0.5, 0.0], dtype=torch.float64)
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -20,8 +20,14 @@ def _t(values: list[float]) -> torch.Tensor:
 
 
 def test_resolve_aggregation() -> None:
-    expected = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm",
-                "gspo": "seq-mean-token-mean", "cispo": "token-mean", "sapo": "token-mean"}
+    expected = {
+        "dapo": "token-mean",
+        "grpo": "seq-mean-token-mean",
+        "dr_grpo": "seq-mean-token-sum-norm",
+        "gspo": "seq-mean-token-mean",
+        "cispo": "token-mean",
+        "sapo": "token-mean",
+    }
     for loss, agg in expected.items():
         assert resolve_aggregation(loss) == agg
         assert resolve_aggregation(loss, "bnpo") == "bnpo"
@@ -68,8 +74,15 @@ def test_dual_clip_never_touches_positive_advantages() -> None:
 
 def test_clip_metrics_hand() -> None:
     lp = _t([math.log(1.5), math.log(0.5), math.log(4.0), math.log(1.1)])
-    _, m = policy_loss(lp, torch.zeros_like(lp), _t([1.0, -1.0, -1.0, 1.0]), torch.ones_like(lp),
-                       LossConfig(clip_delta=3.0), global_num_loss_tokens=4, global_num_samples=1)
+    _, m = policy_loss(
+        lp,
+        torch.zeros_like(lp),
+        _t([1.0, -1.0, -1.0, 1.0]),
+        torch.ones_like(lp),
+        LossConfig(clip_delta=3.0),
+        global_num_loss_tokens=4,
+        global_num_samples=1,
+    )
     assert m["loss/clip_frac_high"] == 0.25 and m["loss/clip_frac_low"] == 0.25 and m["loss/dual_clip_frac"] == 0.25
     assert m["loss/ratio_max"] == pytest.approx(4.0) and m["loss/ratio_min"] == pytest.approx(0.5)
     assert m["loss/ratio_mean"] == pytest.approx((1.5 + 0.5 + 4.0 + 1.1) / 4)
@@ -95,7 +108,9 @@ def test_cispo_hand_value_and_grad() -> None:
 
 def test_sapo_hand() -> None:
     lp = _t([0.0, 0.0]).requires_grad_(True)
-    loss, _ = surrogate_loss(lp, torch.zeros(1, 2, dtype=F64), _t([1.0, -1.0]), torch.ones(1, 2), LossConfig(loss="sapo"))
+    loss, _ = surrogate_loss(
+        lp, torch.zeros(1, 2, dtype=F64), _t([1.0, -1.0]), torch.ones(1, 2), LossConfig(loss="sapo")
+    )
     torch.testing.assert_close(loss.detach(), _t([-2.0, 2.0 / 1.05]))
     loss.sum().backward()
     torch.testing.assert_close(lp.grad, _t([-1.0, 1.0]))  # at rho = 1 the gradient is -A, like the plain PG
@@ -122,15 +137,25 @@ def test_aggregations_hand() -> None:
 def test_kl_requires_ref_and_unpacked_default_ids() -> None:
     lp = torch.zeros(2, 3, dtype=F64)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        policy_loss(lp, lp, lp, torch.ones_like(lp), LossConfig(kl_beta=0.1), global_num_loss_tokens=6,
-                    global_num_samples=2)
-    loss, _ = policy_loss(lp, lp, _t([1.0, 1.0, 1.0]).expand(2, 3), torch.ones_like(lp),
-                          LossConfig(loss="grpo"), global_num_loss_tokens=6, global_num_samples=2)
+        policy_loss(
+            lp, lp, lp, torch.ones_like(lp), LossConfig(kl_beta=0.1), global_num_loss_tokens=6, global_num_samples=2
+        )
+    loss, _ = policy_loss(
+        lp,
+        lp,
+        _t([1.0, 1.0, 1.0]).expand(2, 3),
+        torch.ones_like(lp),
+        LossConfig(loss="grpo"),
+        global_num_loss_tokens=6,
+        global_num_samples=2,
+    )
     assert float(loss) == pytest.approx(-1.0)  # unpacked rows: one sample per row
 
 
 # ---------------------------------------------------------------- loop reference
-def _ref_token_loss(l: torch.Tensor, o: float, a: float, cfg: LossConfig, seq_ratio: torch.Tensor | None) -> torch.Tensor:
+def _ref_token_loss(
+    l: torch.Tensor, o: float, a: float, cfg: LossConfig, seq_ratio: torch.Tensor | None
+) -> torch.Tensor:
     rho = torch.exp(l - o) if seq_ratio is None else seq_ratio
     if cfg.loss == "cispo":
         return -min(math.exp(float(l.detach()) - o), cfg.cispo_eps_max) * a * l
@@ -172,9 +197,14 @@ def _reference_loss(samples: list[dict], cfg: LossConfig, n_tok: int, n_seq: int
 
 
 CONFIGS = [
-    LossConfig(loss="dapo"), LossConfig(loss="grpo", clip_delta=3.0), LossConfig(loss="dr_grpo", max_completion_length=16),
-    LossConfig(loss="gspo"), LossConfig(loss="cispo", cispo_eps_max=1.5), LossConfig(loss="sapo"),
-    LossConfig(loss="dapo", aggregation="bnpo", kl_beta=0.3), LossConfig(loss="gspo", aggregation="token-mean", kl_beta=0.1),
+    LossConfig(loss="dapo"),
+    LossConfig(loss="grpo", clip_delta=3.0),
+    LossConfig(loss="dr_grpo", max_completion_length=16),
+    LossConfig(loss="gspo"),
+    LossConfig(loss="cispo", cispo_eps_max=1.5),
+    LossConfig(loss="sapo"),
+    LossConfig(loss="dapo", aggregation="bnpo", kl_beta=0.3),
+    LossConfig(loss="gspo", aggregation="token-mean", kl_beta=0.1),
     LossConfig(loss="sapo", aggregation="seq-mean-token-sum-norm", max_completion_length=12, kl_beta=0.2),
 ]
 
@@ -213,9 +243,18 @@ def test_policy_loss_matches_loop_reference(seed: int, cfg: LossConfig) -> None:
             s["m"].append(bool(tensors["m"][r, t]))
     n_tok = int(tensors["m"].sum()) + 3  # pretend other micro-batches exist
     n_seq = sum(any(s["m"]) for s in samples) + 1
-    loss, metrics = policy_loss(lp, tensors["o"], tensors["a"], tensors["m"], cfg, global_num_loss_tokens=n_tok,
-                                global_num_samples=n_seq, sample_ids=ids, ref_logprobs=tensors["r"],
-                                is_weights=tensors["w"])
+    loss, metrics = policy_loss(
+        lp,
+        tensors["o"],
+        tensors["a"],
+        tensors["m"],
+        cfg,
+        global_num_loss_tokens=n_tok,
+        global_num_samples=n_seq,
+        sample_ids=ids,
+        ref_logprobs=tensors["r"],
+        is_weights=tensors["w"],
+    )
     (grad,) = torch.autograd.grad(loss, lp)
     ref = _reference_loss(samples, cfg, n_tok, n_seq)
     (ref_grad,) = torch.autograd.grad(ref, lp, allow_unused=True)

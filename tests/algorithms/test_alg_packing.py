@@ -22,8 +22,10 @@ from rlvr.types import Group, Sample
 
 def _inputs(lengths: list[tuple[int, int]], in_loss: list[bool] | None = None) -> list[PackInput]:
     flags = in_loss or [True] * len(lengths)
-    return [PackInput(i, [100 + i] * p, [200 + i] * c, [-0.01 * (j + 1) for j in range(c)], float(i + 1), f)
-            for i, ((p, c), f) in enumerate(zip(lengths, flags))]
+    return [
+        PackInput(i, [100 + i] * p, [200 + i] * c, [-0.01 * (j + 1) for j in range(c)], float(i + 1), f)
+        for i, ((p, c), f) in enumerate(zip(lengths, flags))
+    ]
 
 
 def test_alignment_convention_hand() -> None:
@@ -40,8 +42,9 @@ def test_alignment_convention_hand() -> None:
 
 
 def test_padding_segment_and_masked_samples() -> None:
-    batches = build_packed_batches(_inputs([(2, 3), (1, 1), (3, 2)], [True, False, True]), pack_length=7,
-                                   micro_batch_rows=2)
+    batches = build_packed_batches(
+        _inputs([(2, 3), (1, 1), (3, 2)], [True, False, True]), pack_length=7, micro_batch_rows=2
+    )
     (mb,) = batches[0].micro_batches
     assert mb.input_ids.shape == (2, 7)
     assert mb.position_ids[1].tolist() == [0, 1, 2, 3, 4, 0, 1]  # padding restarts as its own segment
@@ -101,14 +104,22 @@ def test_pack_inputs_from_groups() -> None:
 
 
 def test_pack_step_splits_mini_batches_and_reduces_all_their_metrics() -> None:
-    groups = [Group(f"p{g}", [Sample(f"p{g}", i, [1, 2], [3] * (g + 1), "x", [-0.5] * (g + 1), "stop", 0, 0)
-                              for i in range(2)], advantages=[1.0, -1.0]) for g in range(3)]
+    groups = [
+        Group(
+            f"p{g}",
+            [Sample(f"p{g}", i, [1, 2], [3] * (g + 1), "x", [-0.5] * (g + 1), "stop", 0, 0) for i in range(2)],
+            advantages=[1.0, -1.0],
+        )
+        for g in range(3)
+    ]
     per_rank, m = pack_step(groups, num_mini_batches=2, pack_length=8, num_ranks=2)
     assert [len(r) for r in per_rank] == [2, 2]  # one PackedBatch per (rank, mini-batch)
     ids = [set(mb.sample_ids[mb.sample_ids >= 0].tolist()) for r in per_rank for pb in r for mb in pb.micro_batches]
     assert set().union(*ids) == set(range(6))  # unique over the step
-    mini = [build_packed_batches(pack_inputs_from_groups(groups[j::2]), pack_length=8, num_ranks=2)[0].metrics
-            for j in range(2)]
+    mini = [
+        build_packed_batches(pack_inputs_from_groups(groups[j::2]), pack_length=8, num_ranks=2)[0].metrics
+        for j in range(2)
+    ]
     assert m["perf/num_packed_rows"] == sum(x["perf/num_packed_rows"] for x in mini)  # every mini-batch, not the last
     assert m["perf/micro_batches_per_rank"] == sum(x["perf/micro_batches_per_rank"] for x in mini)
     assert m["perf/rank_token_imbalance"] == max(x["perf/rank_token_imbalance"] for x in mini)
@@ -126,11 +137,17 @@ def test_efficiency() -> None:
     micro_batch_rows=st.integers(1, 3),
     pad_multiple=st.sampled_from([1, 8]),
 )
-def test_packer_invariants(lengths: list[tuple[int, int]], pack_length: int, num_ranks: int,
-                           micro_batch_rows: int, pad_multiple: int) -> None:
+def test_packer_invariants(
+    lengths: list[tuple[int, int]], pack_length: int, num_ranks: int, micro_batch_rows: int, pad_multiple: int
+) -> None:
     inputs = _inputs(lengths)
-    batches = build_packed_batches(inputs, pack_length=pack_length, num_ranks=num_ranks,
-                                   micro_batch_rows=micro_batch_rows, pad_multiple=pad_multiple)
+    batches = build_packed_batches(
+        inputs,
+        pack_length=pack_length,
+        num_ranks=num_ranks,
+        micro_batch_rows=micro_batch_rows,
+        pad_multiple=pad_multiple,
+    )
     assert len(batches) == num_ranks
     assert len({len(b.micro_batches) for b in batches}) == 1  # same micro-batch count on every rank
     token_count: dict[int, int] = {}

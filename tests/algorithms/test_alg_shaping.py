@@ -29,9 +29,12 @@ def test_overlong_matches_loop() -> None:
         lengths = [rng.randint(0, lmax + 5) for _ in range(30)]
         ref = []
         for length in lengths:
-            ref.append(0.0 if length <= lmax - buffer else (-1.0 if length > lmax else (lmax - buffer - length) / buffer))
-        torch.testing.assert_close(overlong_penalty(torch.tensor(lengths), lmax, buffer),
-                                   torch.tensor(ref, dtype=torch.float64))
+            ref.append(
+                0.0 if length <= lmax - buffer else (-1.0 if length > lmax else (lmax - buffer - length) / buffer)
+            )
+        torch.testing.assert_close(
+            overlong_penalty(torch.tensor(lengths), lmax, buffer), torch.tensor(ref, dtype=torch.float64)
+        )
 
 
 def test_overlong_bad_buffer() -> None:
@@ -49,8 +52,10 @@ def test_shape_rewards_non_stop_and_mask() -> None:
 
 
 def test_truncated_masked_but_counted_in_group_stats() -> None:
-    samples = [Sample("p", i, [1], [2] * n, "x", [-0.1] * n, r, 0, 0)
-               for i, (n, r) in enumerate([(3, "stop"), (10, "length"), (4, "stop")])]
+    samples = [
+        Sample("p", i, [1], [2] * n, "x", [-0.1] * n, r, 0, 0)
+        for i, (n, r) in enumerate([(3, "stop"), (10, "length"), (4, "stop")])
+    ]
     group = Group("p", samples, [RewardResult({}, t) for t in (1.0, 0.0, 0.0)])
     metrics = shape_group(group, ShapingConfig(max_completion_length=10, mask_truncated=True))
     assert group.loss_masks == [True, False, True]

@@ -29,8 +29,10 @@ def spread_check() -> dict:
     num_nodes = sum(1 for n in ray.nodes() if n["Alive"])
     pg = placement_group([{"CPU": 1}] * num_nodes, strategy="STRICT_SPREAD")
     ray.get(pg.ready(), timeout=60)
-    ids = ray.get([node_id.options(placement_group=pg, placement_group_bundle_index=i).remote()
-                   for i in range(num_nodes)], timeout=60)
+    ids = ray.get(
+        [node_id.options(placement_group=pg, placement_group_bundle_index=i).remote() for i in range(num_nodes)],
+        timeout=60,
+    )
     remove_placement_group(pg)
     ray.shutdown()
     return {"num_nodes": num_nodes, "task_nodes": sorted(set(ids))}

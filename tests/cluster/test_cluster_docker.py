@@ -20,8 +20,25 @@ from rlvr.launch.specs import DEFAULT_IMAGE, IMAGE_WORKDIR, RAY_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
-                "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+INSTRUCTIONS = {
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+}
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -75,7 +92,8 @@ def test_cluster_dockerfile_pins_equal_pyproject() -> None:
         name = req.name.lower()
         assert name in pins, f"{req.name} is a dependency in pyproject.toml but not pinned in the Dockerfile"
         assert req.specifier.contains(pins[name], prereleases=True), (
-            f"Dockerfile pins {req.name}=={pins[name]}, outside pyproject's {req}")
+            f"Dockerfile pins {req.name}=={pins[name]}, outside pyproject's {req}"
+        )
         exact = [s.version for s in req.specifier if s.operator == "=="]
         assert not exact or exact == [pins[name]], f"{req.name}: Dockerfile {pins[name]} != pyproject {exact}"
         assert not req.extras or req.extras <= set(re.findall(rf"{req.name}\[([^\]]*)\]", DOCKERFILE.read_text()))

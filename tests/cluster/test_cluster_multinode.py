@@ -25,18 +25,42 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ray_node_setup.sh"
 JOB = Path(__file__).with_name("multinode_job.py")
 SCHEDULER_VARS = ("RLVR_", "SLURM_", "BEAKER_", "JOB_COMPLETION_INDEX", "KUBERAY_", "FQ_RAY_IP", "RAY_ADDRESS")
-TRAIN = ["--num-steps", "2", "--cluster.num-engines", "2", "--rollout.prompts-per-step", "4",
-         "--generation.num-samples", "4", "--eval.every-n-steps", "0", "--eval.at-step-0", "False",
-         "--logging.console-progress", "False", "--logging.run-name", "multinode"]
+TRAIN = [
+    "--num-steps",
+    "2",
+    "--cluster.num-engines",
+    "2",
+    "--rollout.prompts-per-step",
+    "4",
+    "--generation.num-samples",
+    "4",
+    "--eval.every-n-steps",
+    "0",
+    "--eval.at-step-0",
+    "False",
+    "--logging.console-progress",
+    "False",
+    "--logging.run-name",
+    "multinode",
+]
 
 
 def _node(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen:
     base = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER_VARS)}
-    base.update(RLVR_HEAD_LOST_S="4", RLVR_HEAD_WAIT_S="90", RLVR_PYTHON=sys.executable,
-                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    base.update(
+        RLVR_HEAD_LOST_S="4",
+        RLVR_HEAD_WAIT_S="90",
+        RLVR_PYTHON=sys.executable,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
     with open(log, "w") as f:
-        return subprocess.Popen(["bash", str(SCRIPT), "--num-cpus", "1", *args], env={**base, **env},
-                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        return subprocess.Popen(
+            ["bash", str(SCRIPT), "--num-cpus", "1", *args],
+            env={**base, **env},
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
 
 
 def _descendants(procs: list[subprocess.Popen], seen: set[int]) -> None:
@@ -72,19 +96,50 @@ def test_cluster_three_nodes_train_across_nodes(tmp_path: Path) -> None:
     procs: list[subprocess.Popen] = []
     seen: set[int] = set()
     try:
-        procs.append(_node({**slurm, **common, "SLURM_NODEID": "0", "RLVR_RAY_TEMP_DIR": str(short / "r0"),
-                            "RLVR_RAY_DASHBOARD_PORT": str(dash),
-                            "RLVR_RAY_START_ARGS": f"--ray-client-server-port {free_port()} "
-                                                   f"--dashboard-agent-listen-port {free_port()}"},
-                           tmp_path / "head.log", "--", sys.executable, str(JOB), str(report),
-                           str(tmp_path / "runs"), *TRAIN))
-        procs.append(_node({**slurm, **common, "SLURM_NODEID": "1", "RLVR_RAY_TEMP_DIR": str(short / "r1"),
-                            "RLVR_RAY_START_ARGS": f"--dashboard-agent-listen-port {free_port()}"},
-                           tmp_path / "worker1.log"))
-        procs.append(_node({**common, "BEAKER_LEADER_REPLICA_HOSTNAME": "127.0.0.1", "BEAKER_REPLICA_RANK": "2",
-                            "RLVR_RAY_TEMP_DIR": str(short / "r2"),
-                            "RLVR_RAY_START_ARGS": f"--dashboard-agent-listen-port {free_port()}"},
-                           tmp_path / "worker2.log"))
+        procs.append(
+            _node(
+                {
+                    **slurm,
+                    **common,
+                    "SLURM_NODEID": "0",
+                    "RLVR_RAY_TEMP_DIR": str(short / "r0"),
+                    "RLVR_RAY_DASHBOARD_PORT": str(dash),
+                    "RLVR_RAY_START_ARGS": f"--ray-client-server-port {free_port()} "
+                    f"--dashboard-agent-listen-port {free_port()}",
+                },
+                tmp_path / "head.log",
+                "--",
+                sys.executable,
+                str(JOB),
+                str(report),
+                str(tmp_path / "runs"),
+                *TRAIN,
+            )
+        )
+        procs.append(
+            _node(
+                {
+                    **slurm,
+                    **common,
+                    "SLURM_NODEID": "1",
+                    "RLVR_RAY_TEMP_DIR": str(short / "r1"),
+                    "RLVR_RAY_START_ARGS": f"--dashboard-agent-listen-port {free_port()}",
+                },
+                tmp_path / "worker1.log",
+            )
+        )
+        procs.append(
+            _node(
+                {
+                    **common,
+                    "BEAKER_LEADER_REPLICA_HOSTNAME": "127.0.0.1",
+                    "BEAKER_REPLICA_RANK": "2",
+                    "RLVR_RAY_TEMP_DIR": str(short / "r2"),
+                    "RLVR_RAY_START_ARGS": f"--dashboard-agent-listen-port {free_port()}",
+                },
+                tmp_path / "worker2.log",
+            )
+        )
         deadline = time.monotonic() + 240
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             if procs[0].poll() not in (None, 0):
@@ -92,8 +147,9 @@ def test_cluster_three_nodes_train_across_nodes(tmp_path: Path) -> None:
             _descendants(procs, seen)
             time.sleep(1)
         codes = [p.poll() for p in procs]
-        logs = "\n".join(f"== {n}\n" + (tmp_path / n).read_text()[-4000:]
-                         for n in ("head.log", "worker1.log", "worker2.log"))
+        logs = "\n".join(
+            f"== {n}\n" + (tmp_path / n).read_text()[-4000:] for n in ("head.log", "worker1.log", "worker2.log")
+        )
         assert codes == [0, 0, 0], f"exit codes {codes}\n{logs}"
         result = json.loads(report.read_text())
         assert result["num_nodes"] == 3 and len(result["task_nodes"]) == 3, result

@@ -10,8 +10,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "ray_node_setup.sh"
-SCHEDULER_VARS = ("RLVR_", "SLURM_", "BEAKER_", "JOB_COMPLETION_INDEX", "KUBERAY_", "FQ_RAY_IP", "RAY_PORT",
-                  "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "RAY_ADDRESS")
+SCHEDULER_VARS = (
+    "RLVR_",
+    "SLURM_",
+    "BEAKER_",
+    "JOB_COMPLETION_INDEX",
+    "KUBERAY_",
+    "FQ_RAY_IP",
+    "RAY_PORT",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "RAY_ADDRESS",
+)
 
 
 def plan(env: dict[str, str], *args: str, path: str | None = None) -> dict[str, str]:
@@ -25,8 +35,7 @@ def run(env: dict[str, str], *args: str, path: str | None = None) -> subprocess.
     base = {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER_VARS)}
     if path is not None:
         base["PATH"] = f"{path}:{base['PATH']}"
-    return subprocess.run(["bash", str(SCRIPT), *args], env={**base, **env}, capture_output=True, text=True,
-                          timeout=30)
+    return subprocess.run(["bash", str(SCRIPT), *args], env={**base, **env}, capture_output=True, text=True, timeout=30)
 
 
 def test_cluster_plan_single_node_default() -> None:
@@ -39,7 +48,12 @@ def test_cluster_plan_single_node_default() -> None:
 def test_cluster_plan_explicit() -> None:
     p = plan({"RLVR_HEAD_ADDRESS": "10.1.2.3:7000", "RLVR_NODE_RANK": "2", "RLVR_NUM_NODES": "4"})
     assert (p["source"], p["role"], p["rank"], p["head_address"], p["num_nodes"]) == (
-        "explicit", "worker", "2", "10.1.2.3:7000", "4")
+        "explicit",
+        "worker",
+        "2",
+        "10.1.2.3:7000",
+        "4",
+    )
     assert "--address 10.1.2.3:7000" in p["ray_start"] and "--block" in p["ray_start"]
 
 
@@ -47,7 +61,11 @@ def test_cluster_plan_beaker_leader_and_replica() -> None:
     env = {"BEAKER_LEADER_REPLICA_HOSTNAME": "node-a.beaker", "BEAKER_REPLICA_COUNT": "3"}
     lead = plan({**env, "BEAKER_REPLICA_RANK": "0"}, "--num-gpus", "8")
     assert (lead["source"], lead["role"], lead["head_address"], lead["num_nodes"]) == (
-        "beaker", "head", "node-a.beaker:6379", "3")
+        "beaker",
+        "head",
+        "node-a.beaker:6379",
+        "3",
+    )
     assert "--num-gpus 8" in lead["ray_start"]
     rep = plan({**env, "BEAKER_REPLICA_RANK": "2"})
     assert (rep["role"], rep["rank"]) == ("worker", "2")
@@ -71,12 +89,19 @@ def test_cluster_plan_kuberay() -> None:
     assert (worker["role"], worker["head_address"]) == ("worker", "c-head-svc.ns.svc:6380")
 
 
-@pytest.mark.parametrize("nodelist,first", [("gpu[003-004,010],cpu1", "gpu003"), ("a1,a2", "a1"),
-                                            ("node7", "node7"), ("r-1-[12-13]", "r-1-12")])
+@pytest.mark.parametrize(
+    "nodelist,first",
+    [("gpu[003-004,010],cpu1", "gpu003"), ("a1,a2", "a1"), ("node7", "node7"), ("r-1-[12-13]", "r-1-12")],
+)
 def test_cluster_plan_slurm_parses_nodelist(nodelist: str, first: str, tmp_path: Path) -> None:
     p = plan({"SLURM_JOB_NODELIST": nodelist, "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "4"})
     assert (p["source"], p["role"], p["rank"], p["head_address"], p["num_nodes"]) == (
-        "slurm", "worker", "1", f"{first}:6379", "4")
+        "slurm",
+        "worker",
+        "1",
+        f"{first}:6379",
+        "4",
+    )
 
 
 def test_cluster_plan_slurm_prefers_scontrol(tmp_path: Path) -> None:
@@ -88,9 +113,22 @@ def test_cluster_plan_slurm_prefers_scontrol(tmp_path: Path) -> None:
 
 
 def test_cluster_plan_options_and_passthrough() -> None:
-    p = plan({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NODEID": "0", "NCCL_SOCKET_IFNAME": "ib0",
-              "GLOO_SOCKET_IFNAME": "eth0", "RLVR_RAY_TEMP_DIR": "/tmp/r1", "RLVR_RAY_START_ARGS": "--foo 1"},
-             "--port", "7001", "--dashboard-port", "9001", "--num-cpus", "4")
+    p = plan(
+        {
+            "SLURM_JOB_NODELIST": "n[1-2]",
+            "SLURM_NODEID": "0",
+            "NCCL_SOCKET_IFNAME": "ib0",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "RLVR_RAY_TEMP_DIR": "/tmp/r1",
+            "RLVR_RAY_START_ARGS": "--foo 1",
+        },
+        "--port",
+        "7001",
+        "--dashboard-port",
+        "9001",
+        "--num-cpus",
+        "4",
+    )
     assert p["head_address"] == "n1:7001" and p["temp_dir"] == "/tmp/r1"
     assert (p["nccl_socket_ifname"], p["gloo_socket_ifname"]) == ("ib0", "eth0")
     for piece in ("--port 7001", "--dashboard-port 9001", "--num-cpus 4", "--temp-dir /tmp/r1", "--foo 1"):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from rlvr.launch.local_cluster import RAY_CLI_MODULE, ray_command
 from rlvr.launch import local_cluster
+from rlvr.launch.local_cluster import RAY_CLI_MODULE, ray_command
 
 
 def test_ray_command_without_any_ray_script_runs_the_package_cli(tmp_path, monkeypatch) -> None:
@@ -19,8 +19,7 @@ def test_ray_command_without_any_ray_script_runs_the_package_cli(tmp_path, monke
     assert cmd == [str(tmp_path / "python3"), "-c", RAY_CLI_MODULE]
     # the fallback really is the ray CLI: run it with this interpreter
     monkeypatch.undo()
-    out = subprocess.run([python, "-c", RAY_CLI_MODULE, "--version"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([python, "-c", RAY_CLI_MODULE, "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ray, version" in out.stdout, out.stderr[-2000:]
 
 

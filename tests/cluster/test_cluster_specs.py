@@ -23,14 +23,44 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "golden" / "specs"
 SCHEMAS = ROOT / "tests" / "fixtures" / "schemas"
 PRESETS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "configs" / "*.yaml")))
-KINDS = {"beaker": ["beaker", "--beaker-budget", "ai2/example"], "kuberay": ["k8s"],
-         "k8s-job": ["k8s", "--k8s-flavor", "job"], "sbatch": ["slurm"]}
-CUSTOM = ["--num-nodes", "3", "--gpus-per-node", "4", "--image", "registry.example/rlvr:dev", "--env",
-          "NCCL_SOCKET_IFNAME=eth0", "GLOO_SOCKET_IFNAME=eth0", "--secret", "WANDB_API_KEY=wandb:api-key",
-          "HF_TOKEN=hf-token", "--namespace", "research", "--partition", "gpu", "--account", "rl",
-          "--time", "24:00:00", "--beaker-cluster", "ai2/jupiter", "--beaker-workspace", "ai2/rlvr",
-          "--mount", "host:/mnt/datasets:/data", "host:/mnt/shared/runs:/opt/rlvr/runs", "--slurm-container",
-          "--command", "rlvr train --config configs/gpu-2node.yaml --num-steps 10"]
+KINDS = {
+    "beaker": ["beaker", "--beaker-budget", "ai2/example"],
+    "kuberay": ["k8s"],
+    "k8s-job": ["k8s", "--k8s-flavor", "job"],
+    "sbatch": ["slurm"],
+}
+CUSTOM = [
+    "--num-nodes",
+    "3",
+    "--gpus-per-node",
+    "4",
+    "--image",
+    "registry.example/rlvr:dev",
+    "--env",
+    "NCCL_SOCKET_IFNAME=eth0",
+    "GLOO_SOCKET_IFNAME=eth0",
+    "--secret",
+    "WANDB_API_KEY=wandb:api-key",
+    "HF_TOKEN=hf-token",
+    "--namespace",
+    "research",
+    "--partition",
+    "gpu",
+    "--account",
+    "rl",
+    "--time",
+    "24:00:00",
+    "--beaker-cluster",
+    "ai2/jupiter",
+    "--beaker-workspace",
+    "ai2/rlvr",
+    "--mount",
+    "host:/mnt/datasets:/data",
+    "host:/mnt/shared/runs:/opt/rlvr/runs",
+    "--slurm-container",
+    "--command",
+    "rlvr train --config configs/gpu-2node.yaml --num-steps 10",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +95,7 @@ def test_cluster_golden_custom_specs(kind: str, capsys: pytest.CaptureFixture[st
 
 
 # --- schema validation ------------------------------------------------------------------------------------
+
 
 def _k8s_validator(name: str) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(json.loads((SCHEMAS / "k8s-v1.30.0" / name).read_text()))
@@ -116,8 +147,7 @@ def validate_rayjob(doc: dict) -> list[str]:
 
 @pytest.mark.parametrize("extra", [[], CUSTOM], ids=["default", "custom"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_cluster_k8s_manifests_match_schemas(preset: str, extra: list[str],
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cluster_k8s_manifests_match_schemas(preset: str, extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     rayjob = yaml.safe_load(_spec(["k8s", "--config", preset] + extra, capsys))
     assert rayjob["kind"] == "RayJob" and rayjob["apiVersion"] == "ray.io/v1"
     assert validate_rayjob(rayjob) == []
@@ -161,8 +191,9 @@ def _beaker_validator() -> jsonschema.Draft202012Validator:
 
 @pytest.mark.parametrize("extra", [[], CUSTOM], ids=["default", "custom"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_cluster_beaker_spec_matches_documented_fields(preset: str, extra: list[str],
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_cluster_beaker_spec_matches_documented_fields(
+    preset: str, extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = yaml.safe_load(_spec(KINDS["beaker"] + ["--config", preset] + extra, capsys))
     assert _errors(_beaker_validator(), spec) == []
     (task,) = spec["tasks"]
@@ -181,12 +212,13 @@ def test_cluster_sbatch_script_is_valid_bash(capsys: pytest.CaptureFixture[str],
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
     assert "#SBATCH --nodes=3" in text and "#SBATCH --gpus-per-node=4" in text
     srun = shlex.split(text.strip().splitlines()[-1])
-    assert srun[0] == "srun" and srun[srun.index("--") + 1:] == shlex.split(CUSTOM[-1])
+    assert srun[0] == "srun" and srun[srun.index("--") + 1 :] == shlex.split(CUSTOM[-1])
 
 
 @pytest.mark.parametrize("scheduler,cli", [("beaker", "beaker"), ("k8s", "kubectl"), ("slurm", "sbatch")])
-def test_cluster_submit_names_missing_cli(scheduler: str, cli: str, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_cluster_submit_names_missing_cli(
+    scheduler: str, cli: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no scheduler CLI anywhere
     argv = [scheduler, "--config", "configs/gpu-2node.yaml", "--beaker-budget", "ai2/example"]
     assert submit.main(argv) == 2
@@ -194,11 +226,12 @@ def test_cluster_submit_names_missing_cli(scheduler: str, cli: str, monkeypatch:
     assert f"`{cli}` is not on PATH" in err and "--dry-run" in err
 
 
-def test_cluster_submit_runs_scheduler_cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_cluster_submit_runs_scheduler_cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """With the CLI on PATH the spec file is handed to it (a stub sbatch records its argument)."""
     stub = tmp_path / "sbatch"
-    stub.write_text(f"#!/bin/sh\ncp \"$1\" {tmp_path}/submitted\necho Submitted batch job 42\n")
+    stub.write_text(f'#!/bin/sh\ncp "$1" {tmp_path}/submitted\necho Submitted batch job 42\n')
     stub.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     out = tmp_path / "job.sbatch"
@@ -222,7 +255,7 @@ def test_cluster_sbatch_env_values_reach_the_job_verbatim(capsys: pytest.Capture
     text = _spec(["slurm", "--env", f"TRICKY={HOSTILE}", "--command", "true"], capsys)
     exports = "\n".join(line for line in text.splitlines(keepends=False) if not line.startswith(("srun", "#")))
     # the export lines may span lines (a quoted newline): run everything but the srun line
-    script = text[:text.rindex("srun")] + 'printf %s "$TRICKY"\n'
+    script = text[: text.rindex("srun")] + 'printf %s "$TRICKY"\n'
     p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert p.stdout == HOSTILE
@@ -230,16 +263,24 @@ def test_cluster_sbatch_env_values_reach_the_job_verbatim(capsys: pytest.Capture
     assert "export TRICKY=" in exports
 
 
-@pytest.mark.parametrize("flags,needle", [(["--env", "A;touch X=1"], "--env"), (["--secret", "B C=s"], "--secret"),
-                                          (["--partition", "gpu\ntouch X"], "--partition"),
-                                          (["--time", "1:00 --wrap=x"], "--time")])
-def test_cluster_sbatch_refuses_names_that_would_be_code(flags: list[str], needle: str,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (["--env", "A;touch X=1"], "--env"),
+        (["--secret", "B C=s"], "--secret"),
+        (["--partition", "gpu\ntouch X"], "--partition"),
+        (["--time", "1:00 --wrap=x"], "--time"),
+    ],
+)
+def test_cluster_sbatch_refuses_names_that_would_be_code(
+    flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert submit.main(["slurm", *flags, "--dry-run"]) == 2
     assert needle in capsys.readouterr().err
 
 
 # --- storage, requests, signals, pyxis image form, no anchors ---------------------------------------------
+
 
 def _containers_and_volumes(pod: dict) -> tuple[list[dict], dict[str, dict]]:
     return pod["containers"], {v["name"]: v for v in pod["volumes"]}
@@ -251,8 +292,9 @@ def test_cluster_k8s_mounts_pvc_and_host_path_on_every_pod(capsys: pytest.Captur
     assert validate_rayjob(rayjob) == []
     cluster = rayjob["spec"]["rayClusterSpec"]
     pods = [cluster["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
-    _, job = yaml.safe_load_all(_spec(["k8s", "--k8s-flavor", "job", "--config", "configs/gpu-2node.yaml"] + mounts,
-                                      capsys))
+    _, job = yaml.safe_load_all(
+        _spec(["k8s", "--k8s-flavor", "job", "--config", "configs/gpu-2node.yaml"] + mounts, capsys)
+    )
     assert _errors(_k8s_validator("job-batch-v1.json"), job) == []
     pods.append(job["spec"]["template"]["spec"])
     for pod in pods:
@@ -269,37 +311,60 @@ def test_cluster_k8s_warns_when_runs_are_on_no_mount(capsys: pytest.CaptureFixtu
     assert submit.main(["k8s", "--config", "configs/gpu-2x.yaml", "--mount", "host:/mnt/d:/data", "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert "the run directory /opt/rlvr/runs is on no --mount" in err and "--mount pvc:CLAIM:/opt/rlvr/runs" in err
-    assert submit.main(["k8s", "--config", "configs/gpu-2x.yaml", "--output-dir", "/ckpt", "--mount",
-                        "pvc:c:/ckpt", "--dry-run"]) == 0
+    assert (
+        submit.main(
+            ["k8s", "--config", "configs/gpu-2x.yaml", "--output-dir", "/ckpt", "--mount", "pvc:c:/ckpt", "--dry-run"]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert "warning" not in err and "--checkpoint.output-dir /ckpt" in out
 
 
 def test_cluster_cpu_node_requests(capsys: pytest.CaptureFixture[str]) -> None:
-    rayjob = yaml.safe_load(_spec(["k8s", "--config", "configs/tiny-cpu.yaml", "--cpus-per-node", "6",
-                                   "--memory-gib", "24"], capsys))
+    rayjob = yaml.safe_load(
+        _spec(["k8s", "--config", "configs/tiny-cpu.yaml", "--cpus-per-node", "6", "--memory-gib", "24"], capsys)
+    )
     (container,) = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
     assert container["resources"] == {"requests": {"cpu": "6", "memory": "24Gi"}}
     assert validate_rayjob(rayjob) == []
 
 
 def test_cluster_beaker_results_and_datasets(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = KINDS["beaker"] + ["--config", "configs/gpu-2x.yaml", "--mount", "beaker:ai2/gsm8k-rows:/data",
-                              "host:/net/weka/models:/models"]
+    argv = KINDS["beaker"] + [
+        "--config",
+        "configs/gpu-2x.yaml",
+        "--mount",
+        "beaker:ai2/gsm8k-rows:/data",
+        "host:/net/weka/models:/models",
+    ]
     spec = yaml.safe_load(_spec(argv, capsys))
     assert _errors(_beaker_validator(), spec) == []
     (task,) = spec["tasks"]
     assert task["result"] == {"path": "/results"}
     assert task["command"][-2:] == ["--checkpoint.output-dir", "/results/runs"]  # runs kept with the result
-    assert task["datasets"] == [{"source": {"beaker": "ai2/gsm8k-rows"}, "mountPath": "/data"},
-                                {"source": {"hostPath": "/net/weka/models"}, "mountPath": "/models"}]
+    assert task["datasets"] == [
+        {"source": {"beaker": "ai2/gsm8k-rows"}, "mountPath": "/data"},
+        {"source": {"hostPath": "/net/weka/models"}, "mountPath": "/models"},
+    ]
     assert task["resources"] == {"gpuCount": 2, "cpuCount": 16, "memory": "64GiB", "sharedMemory": "64GiB"}
     assert "warning" not in capsys.readouterr().err
 
 
 def test_cluster_sbatch_signal_pyxis_image_and_mounts(capsys: pytest.CaptureFixture[str]) -> None:
-    text = _spec(["slurm", "--config", "configs/gpu-2x.yaml", "--slurm-container", "--mount",
-                  "host:/lustre/runs:/opt/rlvr/runs", "--signal-lead-s", "600"], capsys)
+    text = _spec(
+        [
+            "slurm",
+            "--config",
+            "configs/gpu-2x.yaml",
+            "--slurm-container",
+            "--mount",
+            "host:/lustre/runs:/opt/rlvr/runs",
+            "--signal-lead-s",
+            "600",
+        ],
+        capsys,
+    )
     assert "#SBATCH --signal=TERM@600" in text.splitlines()
     srun = shlex.split(text.strip().splitlines()[-1])
     assert "--container-image=ghcr.io#rlvr/rlvr:0.1.0-cu130" in srun
@@ -308,25 +373,34 @@ def test_cluster_sbatch_signal_pyxis_image_and_mounts(capsys: pytest.CaptureFixt
     assert "--signal" not in text and "--container" not in text
 
 
-@pytest.mark.parametrize("image,pyxis", [("ghcr.io/rlvr/rlvr:0.1.0-cu130", "ghcr.io#rlvr/rlvr:0.1.0-cu130"),
-                                         ("registry.example:5000/a/b:1", "registry.example:5000#a/b:1"),
-                                         ("localhost/rlvr:dev", "localhost#rlvr:dev"),
-                                         ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
-                                         ("ubuntu:24.04", "ubuntu:24.04"), ("rlvr/rlvr:1", "rlvr/rlvr:1")])
+@pytest.mark.parametrize(
+    "image,pyxis",
+    [
+        ("ghcr.io/rlvr/rlvr:0.1.0-cu130", "ghcr.io#rlvr/rlvr:0.1.0-cu130"),
+        ("registry.example:5000/a/b:1", "registry.example:5000#a/b:1"),
+        ("localhost/rlvr:dev", "localhost#rlvr:dev"),
+        ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
+        ("ubuntu:24.04", "ubuntu:24.04"),
+        ("rlvr/rlvr:1", "rlvr/rlvr:1"),
+    ],
+)
 def test_cluster_pyxis_image_form(image: str, pyxis: str) -> None:
     from rlvr.launch.specs import pyxis_image
 
     assert pyxis_image(image) == pyxis
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["k8s", "--mount", "beaker:ds:/data"], "k8s takes pvc:SOURCE:/path, host:SOURCE:/path"),
-    (["k8s", "--mount", "pvc:Bad_Name:/data"], "not a valid claim name"),
-    (["k8s", "--mount", "host:relative:/data"], "absolute path"),
-    (["beaker", "--mount", "host:/a:relative"], "an absolute path in the container"),
-    (["slurm", "--mount", "host:/a:/b"], "needs --slurm-container"),
-    (["slurm", "--slurm-container", "--mount", "host:/a,b:/c"], "no commas"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["k8s", "--mount", "beaker:ds:/data"], "k8s takes pvc:SOURCE:/path, host:SOURCE:/path"),
+        (["k8s", "--mount", "pvc:Bad_Name:/data"], "not a valid claim name"),
+        (["k8s", "--mount", "host:relative:/data"], "absolute path"),
+        (["beaker", "--mount", "host:/a:relative"], "an absolute path in the container"),
+        (["slurm", "--mount", "host:/a:/b"], "needs --slurm-container"),
+        (["slurm", "--slurm-container", "--mount", "host:/a,b:/c"], "no commas"),
+    ],
+)
 def test_cluster_bad_mounts_exit_2(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert submit.main(argv + ["--beaker-budget", "ai2/x", "--dry-run"]) == 2
     err = capsys.readouterr().err

@@ -43,19 +43,25 @@ def test_unknown_command_fails():
 
 
 def test_import_config_is_light():
-    code = ("import sys, rlvr, rlvr.config; bad=[m for m in ('torch','ray','vllm','deepspeed') if m in sys.modules];"
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, rlvr, rlvr.config; bad=[m for m in ('torch','ray','vllm','deepspeed') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
 
 
 def test_readme_config_reference_is_current():
     from rlvr.config.reference import splice
+
     text = (ROOT / "README.md").read_text()
-    assert splice(text) == text, "README config reference is stale: run python -m rlvr.config.reference --write README.md"
+    assert splice(text) == text, (
+        "README config reference is stale: run python -m rlvr.config.reference --write README.md"
+    )
 
 
 def test_public_api():
     import rlvr
+
     assert callable(rlvr.train) and callable(rlvr.load_config)
     assert rlvr.ExperimentConfig().generation.num_samples == 8

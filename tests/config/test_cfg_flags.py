@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _help(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", *args, "--help"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", *args, "--help"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -52,8 +53,16 @@ def test_bool_flags_found_in_nested_and_renamed_fields() -> None:
 
 @pytest.mark.parametrize("form", [["--rollout.active-sampling"], ["--rollout.active-sampling", "True"]])
 def test_train_bool_true_forms(form: list[str]) -> None:
-    cmd = parse_train_args(["--dry-run", *form, "--rollout.filter-zero-variance", "--rollout.no-inflight-updates",
-                            "--eval.overlap", "False"])
+    cmd = parse_train_args(
+        [
+            "--dry-run",
+            *form,
+            "--rollout.filter-zero-variance",
+            "--rollout.no-inflight-updates",
+            "--eval.overlap",
+            "False",
+        ]
+    )
     assert cmd.dry_run and cmd.experiment.rollout.active_sampling
     assert not cmd.experiment.rollout.inflight_updates and not cmd.experiment.eval.overlap
 
@@ -88,16 +97,27 @@ def test_rewards_functions_from_the_command_line() -> None:
     cmd = parse_train_args(["--rewards.functions", "math", "soft_overlong,weight=0.5,max_tokens=512,verifier=math"])
     fns = cmd.experiment.rewards.functions
     assert [(f.name, f.weight, f.params) for f in fns] == [
-        ("math", 1.0, {}), ("soft_overlong", 0.5, {"max_tokens": 512, "verifier": "math"})]
+        ("math", 1.0, {}),
+        ("soft_overlong", 0.5, {"max_tokens": 512, "verifier": "math"}),
+    ]
     assert parse_train_args(["--rewards.functions", "pkg.mod:fn"]).experiment.rewards.functions[0].name == "pkg.mod:fn"
     assert parse_train_args([]).experiment.rewards.functions == default_config().rewards.functions  # kept if absent
-    assert reward_function_spec("x,flag=true,name=a") == {"name": "x", "weight": 1.0,
-                                                          "params": {"flag": True, "name": "a"}}
+    assert reward_function_spec("x,flag=true,name=a") == {
+        "name": "x",
+        "weight": 1.0,
+        "params": {"flag": True, "name": "a"},
+    }
 
 
-@pytest.mark.parametrize("item,words", [("soft_overlong,max_tokens", "is not KEY=VALUE"),
-                                        ("math,weight=high", "weight must be a number"),
-                                        ("weight=2", "expected NAME"), ("math,k=[1]", "k must be")])
+@pytest.mark.parametrize(
+    "item,words",
+    [
+        ("soft_overlong,max_tokens", "is not KEY=VALUE"),
+        ("math,weight=high", "weight must be a number"),
+        ("weight=2", "expected NAME"),
+        ("math,k=[1]", "k must be"),
+    ],
+)
 def test_bad_rewards_functions_item_exits_2(item: str, words: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match=re.escape(words)):
         parse_train_args(["--rewards.functions", item])

@@ -17,8 +17,12 @@ from rlvr.config import AlgorithmConfig, GenerationConfig, RewardsConfig, defaul
 from rlvr.rewards.scorer import RewardsSettings
 from rlvr.types import SamplingParams
 
-PAIRS = [(LossConfig, AlgorithmConfig), (ShapingConfig, AlgorithmConfig), (RewardsSettings, RewardsConfig),
-         (SamplingParams, GenerationConfig)]
+PAIRS = [
+    (LossConfig, AlgorithmConfig),
+    (ShapingConfig, AlgorithmConfig),
+    (RewardsSettings, RewardsConfig),
+    (SamplingParams, GenerationConfig),
+]
 
 
 def _defaults(cls: type) -> dict[str, object]:
@@ -41,24 +45,55 @@ def test_shared_defaults_equal_the_config_section(mirror: type, section: type) -
 
 def test_from_config_carries_every_shared_field() -> None:
     cfg = default_config()
-    a = dataclasses.replace(cfg.algorithm, loss="grpo", clip_eps_low=0.1, clip_eps_high=0.3, clip_delta=3.0,
-                            kl_beta=0.05, kl_estimator="k2", entropy_coef=0.01, overlong_buffer=4,
-                            overlong_penalty=0.5, non_stop_penalty=-1.0)
+    a = dataclasses.replace(
+        cfg.algorithm,
+        loss="grpo",
+        clip_eps_low=0.1,
+        clip_eps_high=0.3,
+        clip_delta=3.0,
+        kl_beta=0.05,
+        kl_estimator="k2",
+        entropy_coef=0.01,
+        overlong_buffer=4,
+        overlong_penalty=0.5,
+        non_stop_penalty=-1.0,
+    )
     loss = LossConfig.from_config(a, max_completion_length=32)
-    assert {f.name: getattr(loss, f.name) for f in dataclasses.fields(loss) if f.name != "max_completion_length"} \
-        == {f.name: getattr(a, f.name) for f in dataclasses.fields(loss) if f.name != "max_completion_length"}
+    assert {f.name: getattr(loss, f.name) for f in dataclasses.fields(loss) if f.name != "max_completion_length"} == {
+        f.name: getattr(a, f.name) for f in dataclasses.fields(loss) if f.name != "max_completion_length"
+    }
     assert loss.max_completion_length == 32
     shaping = ShapingConfig.from_config(a, 32)
-    assert (shaping.max_completion_length, shaping.overlong_buffer, shaping.overlong_penalty,
-            shaping.non_stop_penalty, shaping.mask_truncated) == (32, 4, 0.5, -1.0, False)
-    g = dataclasses.replace(cfg.generation, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=7,
-                            stop_strings=["</a>"], stop_token_ids=[3])
+    assert (
+        shaping.max_completion_length,
+        shaping.overlong_buffer,
+        shaping.overlong_penalty,
+        shaping.non_stop_penalty,
+        shaping.mask_truncated,
+    ) == (32, 4, 0.5, -1.0, False)
+    g = dataclasses.replace(
+        cfg.generation, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=7, stop_strings=["</a>"], stop_token_ids=[3]
+    )
     sp = SamplingParams.from_config(g, seed=11, temperature=0.0)
-    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.seed) \
-        == (0.0, 0.9, 5, 7, ["</a>"], [3], 11)
+    assert (sp.temperature, sp.top_p, sp.top_k, sp.max_new_tokens, sp.stop_strings, sp.stop_token_ids, sp.seed) == (
+        0.0,
+        0.9,
+        5,
+        7,
+        ["</a>"],
+        [3],
+        11,
+    )
     assert sp.stop_strings is not g.stop_strings  # a copy: a request never aliases the config
-    r = dataclasses.replace(cfg.rewards, verifier_column="v", num_workers=3, timeout_s=2.5, max_queue=7,
-                            primary="math", custom=["pkg.mod"])
+    r = dataclasses.replace(
+        cfg.rewards, verifier_column="v", num_workers=3, timeout_s=2.5, max_queue=7, primary="math", custom=["pkg.mod"]
+    )
     s = RewardsSettings.from_config(r)
-    assert (s.verifier_column, s.num_workers, s.timeout_s, s.max_queue, s.primary, s.custom) \
-        == ("v", 3, 2.5, 7, "math", ["pkg.mod"])
+    assert (s.verifier_column, s.num_workers, s.timeout_s, s.max_queue, s.primary, s.custom) == (
+        "v",
+        3,
+        2.5,
+        7,
+        "math",
+        ["pkg.mod"],
+    )

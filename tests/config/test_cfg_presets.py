@@ -23,8 +23,12 @@ def test_presets_exist():
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
 def test_preset_round_trip_via_dry_run(path, tmp_path):
     cfg = load_config(path)
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--config", str(path), "--dry-run"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", "--config", str(path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dumped = tmp_path / "dumped.yaml"
     dumped.write_text(out.stdout)
     assert load_config(dumped) == cfg
@@ -36,9 +40,24 @@ def test_code_default_equals_tiny_cpu_yaml():
 
 
 def test_cli_override_applies_over_preset(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--config", str(ROOT / "configs/gpu-8x.yaml"),
-                          "--cluster.num-engines", "1", "--learner.lr", "2e-6", "--dry-run"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "train",
+            "--config",
+            str(ROOT / "configs/gpu-8x.yaml"),
+            "--cluster.num-engines",
+            "1",
+            "--learner.lr",
+            "2e-6",
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     d = yaml.safe_load(out.stdout)
     assert d["cluster"]["num_engines"] == 1 and d["cluster"]["num_learners"] == 6
     assert d["learner"]["lr"] == 2e-6 and d["learner"]["zero_stage"] == 3

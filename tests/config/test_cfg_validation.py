@@ -26,14 +26,17 @@ def test_unknown_section_suggests_closest():
         from_dict({"algorithim": {}})
 
 
-@pytest.mark.parametrize("data, pattern", [
-    ({"learner": {"lr": "fast"}}, r"learner.lr: expected a number, got str 'fast'"),
-    ({"generation": {"num_samples": 2.5}}, r"generation.num_samples: expected an integer"),
-    ({"rollout": {"backend": "sglang"}}, r"rollout.backend: 'sglang' is not allowed; expected one of"),
-    ({"data": {"datasets": "a.jsonl"}}, r"data.datasets: expected a list"),
-    ({"cluster": {"colocate": "yes"}}, r"cluster.colocate: expected true/false"),
-    ({"model": 3}, r"model: expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "data, pattern",
+    [
+        ({"learner": {"lr": "fast"}}, r"learner.lr: expected a number, got str 'fast'"),
+        ({"generation": {"num_samples": 2.5}}, r"generation.num_samples: expected an integer"),
+        ({"rollout": {"backend": "sglang"}}, r"rollout.backend: 'sglang' is not allowed; expected one of"),
+        ({"data": {"datasets": "a.jsonl"}}, r"data.datasets: expected a list"),
+        ({"cluster": {"colocate": "yes"}}, r"cluster.colocate: expected true/false"),
+        ({"model": 3}, r"model: expected a mapping"),
+    ],
+)
 def test_wrong_types(data, pattern):
     with pytest.raises(ConfigError, match=pattern):
         from_dict(data)
@@ -43,32 +46,43 @@ def test_yaml_scientific_string_is_a_number():
     assert from_dict({"learner": {"lr": "1e-6"}}).learner.lr == 1e-6
 
 
-@pytest.mark.parametrize("sections, pattern", [
-    ({"generation": {"num_samples": 1}}, r"num-samples must be >= 2"),
-    ({"algorithm": {"clip_eps_low": 0.0}}, r"clip-eps-low must be > 0"),
-    ({"algorithm": {"clip_eps_high": -0.1}}, r"clip-eps-high must be > 0"),
-    ({"learner": {"pack_length": 16}}, r"pack-length \(16\) is shorter .* = 32 \+ 5 = 37"),
-    ({"cluster": {"device": "cuda", "num_learners": 6, "num_engines": 4, "gpus_per_node": 8}},
-     r"num_learners 6 \+ num_engines 4 \* engine_tp 1 = 10 GPUs, but the cluster has num_nodes 1 \* gpus_per_node 8 = 8"),
-    ({"cluster": {"device": "cuda", "engine_tp": 4, "gpus_per_node": 2, "num_nodes": 4}}, r"engine-tp 4 exceeds"),
-    ({"algorithm": {"mask_truncated": True, "overlong_buffer": 4}}, r"mutually exclusive"),
-    ({"rollout": {"active_sampling": True, "filter_zero_variance": False}}, r"active-sampling needs"),
-    ({"rollout": {"backend": "vllm"}, "cluster": {"device": "cpu"}}, r"vllm needs GPUs"),
-    ({"learner": {"backend": "torch", "zero_stage": 3}}, r"needs --learner.backend deepspeed"),
-    ({"learner": {"backend": "deepspeed", "zero_stage": 2, "offload_params": True}}, r"offload-params needs"),
-    ({"learner": {"zero3_gather_mb": 0}}, r"zero3-gather-mb must be > 0"),
-    ({"data": {"datasets": ["a", "b"], "weights": [1.0]}}, r"weights has 1 entries"),
-    ({"algorithm": {"loss": "gspo", "aggregation": "token-mean"}}, r"gspo is a sequence-level loss"),
-    ({"num_steps": 0}, r"--num-steps must be >= 1"),
-    ({"cluster": {"device": "cuda", "colocate": True, "engine_tp": 2}}, r"colocate supports --cluster.engine-tp 1"),
-    ({"learner": {"attention": "mask"}, "model": {"attn_implementation": "torch_varlen"}},
-     r"attention mask passes a block-diagonal mask, which --model.attn-implementation torch_varlen"),
-    # flash kernels compute in bf16/fp16 only: float32 + an explicit flash kernel is rejected with the fix
-    ({"model": {"dtype": "float32", "attn_implementation": "torch_varlen"}},
-     r"attn-implementation torch_varlen runs flash kernels, .* float32: use --model.attn-implementation sdpa"),
-    ({"model": {"dtype": "float32", "attn_implementation": "flash_attention_2"}},
-     r"attn-implementation flash_attention_2 runs flash kernels"),
-])
+@pytest.mark.parametrize(
+    "sections, pattern",
+    [
+        ({"generation": {"num_samples": 1}}, r"num-samples must be >= 2"),
+        ({"algorithm": {"clip_eps_low": 0.0}}, r"clip-eps-low must be > 0"),
+        ({"algorithm": {"clip_eps_high": -0.1}}, r"clip-eps-high must be > 0"),
+        ({"learner": {"pack_length": 16}}, r"pack-length \(16\) is shorter .* = 32 \+ 5 = 37"),
+        (
+            {"cluster": {"device": "cuda", "num_learners": 6, "num_engines": 4, "gpus_per_node": 8}},
+            r"num_learners 6 \+ num_engines 4 \* engine_tp 1 = 10 GPUs, but the cluster has num_nodes 1 \* gpus_per_node 8 = 8",
+        ),
+        ({"cluster": {"device": "cuda", "engine_tp": 4, "gpus_per_node": 2, "num_nodes": 4}}, r"engine-tp 4 exceeds"),
+        ({"algorithm": {"mask_truncated": True, "overlong_buffer": 4}}, r"mutually exclusive"),
+        ({"rollout": {"active_sampling": True, "filter_zero_variance": False}}, r"active-sampling needs"),
+        ({"rollout": {"backend": "vllm"}, "cluster": {"device": "cpu"}}, r"vllm needs GPUs"),
+        ({"learner": {"backend": "torch", "zero_stage": 3}}, r"needs --learner.backend deepspeed"),
+        ({"learner": {"backend": "deepspeed", "zero_stage": 2, "offload_params": True}}, r"offload-params needs"),
+        ({"learner": {"zero3_gather_mb": 0}}, r"zero3-gather-mb must be > 0"),
+        ({"data": {"datasets": ["a", "b"], "weights": [1.0]}}, r"weights has 1 entries"),
+        ({"algorithm": {"loss": "gspo", "aggregation": "token-mean"}}, r"gspo is a sequence-level loss"),
+        ({"num_steps": 0}, r"--num-steps must be >= 1"),
+        ({"cluster": {"device": "cuda", "colocate": True, "engine_tp": 2}}, r"colocate supports --cluster.engine-tp 1"),
+        (
+            {"learner": {"attention": "mask"}, "model": {"attn_implementation": "torch_varlen"}},
+            r"attention mask passes a block-diagonal mask, which --model.attn-implementation torch_varlen",
+        ),
+        # flash kernels compute in bf16/fp16 only: float32 + an explicit flash kernel is rejected with the fix
+        (
+            {"model": {"dtype": "float32", "attn_implementation": "torch_varlen"}},
+            r"attn-implementation torch_varlen runs flash kernels, .* float32: use --model.attn-implementation sdpa",
+        ),
+        (
+            {"model": {"dtype": "float32", "attn_implementation": "flash_attention_2"}},
+            r"attn-implementation flash_attention_2 runs flash kernels",
+        ),
+    ],
+)
 def test_impossible_values(sections, pattern):
     with pytest.raises(ConfigError, match=pattern):
         _validate(**sections)
@@ -79,14 +93,18 @@ def test_colocated_split_counts_the_larger_role():
 
 
 def test_cli_reports_config_error_with_flag():
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "--generation.num-samples", "1", "--dry-run"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", "--generation.num-samples", "1", "--dry-run"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     assert "--generation.num-samples must be >= 2" in out.stderr
 
 
 def test_resource_check_shows_arithmetic():
     from rlvr.config import check_resources
+
     cfg = from_dict({"cluster": {"device": "cuda", "num_learners": 2, "num_engines": 2, "engine_tp": 2}})
     with pytest.raises(ConfigError, match=r"= 6 GPUs, but Ray reports 4"):
         check_resources(cfg, num_gpus=4, num_cpus=64)

@@ -15,9 +15,11 @@ from rlvr.config import default_config
 from rlvr.data.corpus import tiny_corpus
 from rlvr.models.tiny import build_tokenizer
 
-ROWS = [{"prompt": "Wie viel ist 3 plus 4? Antworte mit der Zahl.", "ground_truth": "7", "verifier": "gsm8k"},
-        {"messages": [{"role": "user", "content": "Qu'est-ce que 2×5 ? ½ réponse"}], "ground_truth": "10"},
-        {"prompt": "λ-calculus: (λx.x) y", "ground_truth": ["y", "Y"], "verifier": "exact_match"}]
+ROWS = [
+    {"prompt": "Wie viel ist 3 plus 4? Antworte mit der Zahl.", "ground_truth": "7", "verifier": "gsm8k"},
+    {"messages": [{"role": "user", "content": "Qu'est-ce que 2×5 ? ½ réponse"}], "ground_truth": "10"},
+    {"prompt": "λ-calculus: (λx.x) y", "ground_truth": ["y", "Y"], "verifier": "exact_match"},
+]
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -32,8 +34,14 @@ def test_own_jsonl_text_encodes_without_unknown_tokens(tmp_path: Path) -> None:
     corpus = tiny_corpus(cfg)
     tok = build_tokenizer(corpus, 0)
     unk = tok.convert_tokens_to_ids("<|unk|>")
-    texts = [ROWS[0]["prompt"], ROWS[1]["messages"][0]["content"], ROWS[2]["prompt"], "Sei präzise.", r"\boxed{7}",
-             '["y", "Y"]']
+    texts = [
+        ROWS[0]["prompt"],
+        ROWS[1]["messages"][0]["content"],
+        ROWS[2]["prompt"],
+        "Sei präzise.",
+        r"\boxed{7}",
+        '["y", "Y"]',
+    ]
     for text in texts:
         ids = tok(text)["input_ids"]
         assert unk not in ids and tok.decode(ids) == text, text
@@ -49,13 +57,31 @@ def test_builtin_tasks_and_hub_names(tmp_path: Path) -> None:
     assert tiny_corpus(cfg) == []
     cfg.data.datasets = ["builtin:copy4", str(_write(tmp_path / "own.jsonl", ROWS[:1]))]
     corpus = tiny_corpus(cfg)
-    assert corpus[:len(builtin_corpus("copy4"))] == builtin_corpus("copy4") and ROWS[0]["prompt"] in corpus
+    assert corpus[: len(builtin_corpus("copy4"))] == builtin_corpus("copy4") and ROWS[0]["prompt"] in corpus
 
 
 def _train(tmp_path: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--data.datasets", str(data), "--eval.datasets", str(data),
-           "--eval.split", "train", "--eval.max-prompts", "4", "--rollout.prompts-per-step", "4",
-           "--checkpoint.output-dir", str(tmp_path / "runs"), "--generation.max-new-tokens", "6", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--data.datasets",
+        str(data),
+        "--eval.datasets",
+        str(data),
+        "--eval.split",
+        "train",
+        "--eval.max-prompts",
+        "4",
+        "--rollout.prompts-per-step",
+        "4",
+        "--checkpoint.output-dir",
+        str(tmp_path / "runs"),
+        "--generation.max-new-tokens",
+        "6",
+        *extra,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=dict(os.environ))
 
 
@@ -68,5 +94,6 @@ def test_train_builtin_tiny_on_own_jsonl(tmp_path: Path, ray_cluster: str) -> No
     assert "rlvr train: finished at step 2" in out.stdout
     # the demo preset's 32-token prompt limit drops every one of these prompts: said, not a silent "finished"
     out = _train(tmp_path, data, "--num-steps", "1", "--logging.run-name", "dropped")
-    assert "training data exhausted at step 0" in out.stderr and "'dropped_too_long': 40" in out.stderr, \
-        out.stderr[-3000:]
+    assert "training data exhausted at step 0" in out.stderr and "'dropped_too_long': 40" in out.stderr, out.stderr[
+        -3000:
+    ]

@@ -42,9 +42,15 @@ def test_render_raw_and_chat(tiny_tokenizer: Any) -> None:
     cfg.apply_chat_template = True
     text, ids = render_prompt(row, tiny_tokenizer, cfg)
     assert text == "<|system|>\ncopy<|endoftext|>\n<|user|>\nbdac=<|endoftext|>\n<|assistant|>\n"
-    assert ids == tiny_tokenizer.apply_chat_template(
-        [{"role": "system", "content": "copy"}, {"role": "user", "content": "bdac="}],
-        tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert (
+        ids
+        == tiny_tokenizer.apply_chat_template(
+            [{"role": "system", "content": "copy"}, {"role": "user", "content": "bdac="}],
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=True,
+        )["input_ids"]
+    )
     msgs = {"messages": [{"role": "user", "content": "ab="}], "ground_truth": "ab"}
     assert render_prompt(msgs, tiny_tokenizer, cfg)[0].startswith("<|system|>\ncopy")
 
@@ -73,8 +79,9 @@ def test_stream_requests_and_epochs(tiny_tokenizer: Any) -> None:
 def test_too_long_and_bad_rows_counted(tiny_tokenizer: Any, fixtures_dir: Path, tmp_path: Path) -> None:
     long_rows = [{"prompt": "xy" * n, "ground_truth": "x"} for n in (1, 40, 2, 50)]
     (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long_rows))
-    cfg = _cfg([str(tmp_path / "long.jsonl"), str(fixtures_dir / "bad_rows.jsonl")], on_bad_row="skip",
-               max_prompt_tokens=20)  # "xy" * 40 is 80 tokens (x, y are unknown)
+    cfg = _cfg(
+        [str(tmp_path / "long.jsonl"), str(fixtures_dir / "bad_rows.jsonl")], on_bad_row="skip", max_prompt_tokens=20
+    )  # "xy" * 40 is 80 tokens (x, y are unknown)
     stream = PromptStream(cfg, tiny_tokenizer, known_verifiers={"math"})
     reqs = _drain(stream)
     c = stream.counters
@@ -82,9 +89,12 @@ def test_too_long_and_bad_rows_counted(tiny_tokenizer: Any, fixtures_dir: Path, 
     assert c["pulled"] == len(reqs) + c["dropped_too_long"] + c["skipped_bad_row"]
     dropped = stream.pop_dropped()
     assert sorted(dropped) == sorted(
-        [(f"long:{i}:0", "dropped_too_long") for i in (1, 3)] + [(f"bad_rows:{i}:0", "skipped_bad_row") for i in range(1, 7)])
+        [(f"long:{i}:0", "dropped_too_long") for i in (1, 3)]
+        + [(f"bad_rows:{i}:0", "skipped_bad_row") for i in range(1, 7)]
+    )
     assert {r.prompt_id for r in reqs} | {d[0] for d in dropped} == (
-        {f"long:{i}:0" for i in range(4)} | {f"bad_rows:{i}:0" for i in range(8)})
+        {f"long:{i}:0" for i in range(4)} | {f"bad_rows:{i}:0" for i in range(8)}
+    )
     assert stream.pop_dropped() == []
 
 
@@ -112,8 +122,13 @@ def test_mixer_weights(tiny_tokenizer: Any) -> None:
 
 @pytest.mark.parametrize("weights", [[], [1.0, 2.0]])
 def test_exact_resume(tiny_tokenizer: Any, weights: list[float], fixtures_dir: Path) -> None:
-    cfg = _cfg(["builtin:copy", str(fixtures_dir / "bad_rows.jsonl")], weights=weights, num_epochs=3,
-               on_bad_row="skip", num_builtin_rows=20)
+    cfg = _cfg(
+        ["builtin:copy", str(fixtures_dir / "bad_rows.jsonl")],
+        weights=weights,
+        num_epochs=3,
+        on_bad_row="skip",
+        num_builtin_rows=20,
+    )
     full = _drain(PromptStream(cfg, tiny_tokenizer))
     first = PromptStream(cfg, tiny_tokenizer)
     head = [first.next_request() for _ in range(23)]
@@ -145,7 +160,8 @@ def test_eval_requests(tiny_tokenizer: Any, fixtures_dir: Path) -> None:
     assert all(r.metadata["dataset"] == "builtin:copy" for r in ev)  # local file: no eval split
     again = eval_requests(cfg, tiny_tokenizer)
     assert [(r.prompt_id, r.prompt_token_ids, r.sampling.seed) for r in again] == [
-        (r.prompt_id, r.prompt_token_ids, r.sampling.seed) for r in ev]
+        (r.prompt_id, r.prompt_token_ids, r.sampling.seed) for r in ev
+    ]
     train = {r.prompt_text for r in _drain(PromptStream(_cfg(["builtin:copy"], num_builtin_rows=2000), tiny_tokenizer))}
     assert train.isdisjoint(r.prompt_text for r in ev)
     assert all(r.prompt_id.startswith("eval/") for r in ev)
@@ -153,7 +169,11 @@ def test_eval_requests(tiny_tokenizer: Any, fixtures_dir: Path) -> None:
     cfg.eval.greedy = False
     cfg.eval.max_prompts = 0
     ev = eval_requests(cfg, tiny_tokenizer)
-    assert len(ev) == 5 + 200 and ev[0].metadata["dataset"] == "math_small" and ev[1].metadata["dataset"] == "builtin:arith"
+    assert (
+        len(ev) == 5 + 200
+        and ev[0].metadata["dataset"] == "math_small"
+        and ev[1].metadata["dataset"] == "builtin:arith"
+    )
     assert ev[0].sampling.temperature == cfg.generation.temperature
 
 

@@ -78,8 +78,10 @@ class _CountingTokenizer:
 
 def test_prompt_too_long_by_characters_is_dropped_without_tokenizing(tmp_path, tiny_tokenizer, caplog):
     path = tmp_path / "rows.jsonl"
-    rows = [{"prompt": "ab=", "ground_truth": "ab", "verifier": "copy"},
-            {"prompt": "ab" * 300_000, "ground_truth": "ab", "verifier": "copy"}]  # 600k chars, under the line cap
+    rows = [
+        {"prompt": "ab=", "ground_truth": "ab", "verifier": "copy"},
+        {"prompt": "ab" * 300_000, "ground_truth": "ab", "verifier": "copy"},
+    ]  # 600k chars, under the line cap
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = _cfg(datasets=[str(path)], max_prompt_tokens=64, apply_chat_template=False, num_epochs=1)
     stream = PromptStream(cfg, _CountingTokenizer(tiny_tokenizer, 10_000))

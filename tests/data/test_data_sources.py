@@ -51,8 +51,14 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
 def test_file_formats(tmp_path: Path, suffix: str) -> None:
     rows = load_rows(str(_write(tmp_path / f"toy{suffix}", ROWS)), _cfg(), "train")
     assert [r["row"] for r in rows] == [0, 1, 2]
-    assert rows[1] == {"dataset": "toy", "row": 1, "prompt": "2+2=", "ground_truth": "4", "verifier": "math",
-                       "extra": {"level": 2}}
+    assert rows[1] == {
+        "dataset": "toy",
+        "row": 1,
+        "prompt": "2+2=",
+        "ground_truth": "4",
+        "verifier": "math",
+        "extra": {"level": 2},
+    }
 
 
 def test_arrow_stream_and_save_to_disk(tmp_path: Path) -> None:
@@ -73,8 +79,7 @@ def test_arrow_stream_and_save_to_disk(tmp_path: Path) -> None:
 
 
 def test_messages_and_column_mapping(tmp_path: Path) -> None:
-    rows = [{"q": "hi", "a": "x", "judge": ["math", "f1"]},
-            {"chat": [{"role": "user", "content": "hello"}], "a": "y"}]
+    rows = [{"q": "hi", "a": "x", "judge": ["math", "f1"]}, {"chat": [{"role": "user", "content": "hello"}], "a": "y"}]
     cfg = _cfg(prompt_column="q", ground_truth_column="a", messages_column="chat")
     cfg.rewards.verifier_column = "judge"
     out = load_rows(str(_write(tmp_path / "m.jsonl", rows)), cfg, "train", known_verifiers={"math", "f1"})
@@ -135,14 +140,21 @@ def test_empty_and_missing(tmp_path: Path) -> None:
 
 
 def test_wrong_types(tmp_path: Path) -> None:
-    rows = [{"messages": "not a list", "ground_truth": "1"}, {"messages": [{"role": "user"}], "ground_truth": "1"},
-            {"prompt": "ok", "ground_truth": "1", "verifier": 5}]
+    rows = [
+        {"messages": "not a list", "ground_truth": "1"},
+        {"messages": [{"role": "user"}], "ground_truth": "1"},
+        {"prompt": "ok", "ground_truth": "1", "verifier": 5},
+    ]
     path = tmp_path / "types.json"
     path.write_text(json.dumps(rows + [7]))
     with pytest.raises(DataError) as info:
         load_rows(str(path), _cfg(), "train")
     assert [(b.row, b.field) for b in info.value.bad_rows] == [
-        (0, "messages"), (1, "messages"), (2, "verifier"), (3, "<row>")]
+        (0, "messages"),
+        (1, "messages"),
+        (2, "verifier"),
+        (3, "<row>"),
+    ]
     assert all("wrong type" in b.reason for b in info.value.bad_rows)
 
 

@@ -96,8 +96,9 @@ def test_copy_reward_numeric_ground_truth() -> None:
         ("bdac", "abort", 4 / 5),
     ],
 )
-def test_copy_reward_asks_for_the_stop_when_the_finish_reason_is_known(completion: str, finish: str,
-                                                                       expected: float) -> None:
+def test_copy_reward_asks_for_the_stop_when_the_finish_reason_is_known(
+    completion: str, finish: str, expected: float
+) -> None:
     assert copy_reward(completion, {"ground_truth": "bdac", "finish_reason": finish}) == pytest.approx(expected)
 
 
@@ -110,9 +111,18 @@ def test_scorer_passes_the_finish_reason_to_reward_functions() -> None:
     from rlvr.types import Sample
 
     def sample(text: str, finish: str) -> Sample:
-        return Sample(prompt_id="p:0:0", sample_index=0, prompt_token_ids=[1], completion_token_ids=[2, 3, 4, 5, 0],
-                      completion_text=text, logprobs=[-0.1] * 5, finish_reason=finish,
-                      metadata={"ground_truth": "bdac", "verifier": "copy"}, version_start=0, version_end=0)
+        return Sample(
+            prompt_id="p:0:0",
+            sample_index=0,
+            prompt_token_ids=[1],
+            completion_token_ids=[2, 3, 4, 5, 0],
+            completion_text=text,
+            logprobs=[-0.1] * 5,
+            finish_reason=finish,
+            metadata={"ground_truth": "bdac", "verifier": "copy"},
+            version_start=0,
+            version_end=0,
+        )
 
     scorer = RewardScorer(RewardsSettings())
     stopped, cut = score_samples(scorer, [sample("bdac", "stop"), sample("bdac", "length")])

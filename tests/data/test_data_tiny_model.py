@@ -36,9 +36,10 @@ def test_every_corpus_character_is_one_token() -> None:
 
 def test_deterministic(model_dir: Path, tmp_path: Path) -> None:
     other = build_tiny_model_dir(CFG, list(CORPUS), tmp_path / "again", seed=0)
-    assert json.loads((other / "tokenizer.json").read_text())["model"]["vocab"] == json.loads(
-        (model_dir / "tokenizer.json").read_text()
-    )["model"]["vocab"]
+    assert (
+        json.loads((other / "tokenizer.json").read_text())["model"]["vocab"]
+        == json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    )
     a = safetensors_torch.load_file(model_dir / "model.safetensors")
     b = safetensors_torch.load_file(other / "model.safetensors")
     assert a.keys() == b.keys()

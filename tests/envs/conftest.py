@@ -26,10 +26,25 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-CORPUS = [string.printable, "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
-          "</tool_response>", '{"name": "lookup", "arguments": {"key": "item K3"}}', "the secret code of item",
-          "What is the sum of the secret codes of items", "Put the final answer in \\boxed{}.", "calculator",
-          "python", "print", "expression", "Let me look it up.", "The answer is"]
+CORPUS = [
+    string.printable,
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    '{"name": "lookup", "arguments": {"key": "item K3"}}',
+    "the secret code of item",
+    "What is the sum of the secret codes of items",
+    "Put the final answer in \\boxed{}.",
+    "calculator",
+    "python",
+    "print",
+    "expression",
+    "Let me look it up.",
+    "The answer is",
+]
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +66,9 @@ def obs_tokens(chat_tokenizer: Any) -> ObservationTokenizer:
 class ScriptedGenerator:
     """A `TurnGenerator` that answers scripted texts (tokenized + EOS) with made-up, recorded log-probs."""
 
-    def __init__(self, tokenizer: Any, texts: list[str], version: int = 3, close: bool = True,
-                 finish_reason: str = "stop") -> None:
+    def __init__(
+        self, tokenizer: Any, texts: list[str], version: int = 3, close: bool = True, finish_reason: str = "stop"
+    ) -> None:
         self.tokenizer = tokenizer
         self.texts = list(texts)
         self.version = version
@@ -68,8 +84,12 @@ class ScriptedGenerator:
         finish = self.finish_reason
         if len(ids) > max_new_tokens:
             ids, finish = ids[:max_new_tokens], "length"
-        turn = GeneratedTurn(ids, [-0.01 * (i + 1) - len(self.produced) for i in range(len(ids))], finish,
-                             self.version + len(self.produced))
+        turn = GeneratedTurn(
+            ids,
+            [-0.01 * (i + 1) - len(self.produced) for i in range(len(ids))],
+            finish,
+            self.version + len(self.produced),
+        )
         self.produced.append(turn)
         return turn
 

@@ -31,8 +31,11 @@ def flood(n: int = 100_000) -> str:
     return "x" * n
 
 
-SHOUT = Tool(ToolSpec("shout", "Upper-case a string.", {"type": "object", "properties": {"text": {}}}),
-             lambda arguments, row: str(arguments["text"]).upper(), timeout_s=1.0)
+SHOUT = Tool(
+    ToolSpec("shout", "Upper-case a string.", {"type": "object", "properties": {"text": {}}}),
+    lambda arguments, row: str(arguments["text"]).upper(),
+    timeout_s=1.0,
+)
 
 
 def spin() -> str:

@@ -17,19 +17,26 @@ from rlvr.envs.tool_env import ToolEnv
 from rlvr.envs.tools import Tool, ToolSet, lookup_tool
 from rlvr.envs.turns import ObservationTokenizer
 
-ROW = {"prompt": "What is the secret code of item K3? Put the final answer in \\boxed{}.", "ground_truth": "4821",
-       "verifier": "math", "table": {"item B7": "1111", "item K3": "4821"}}
-CALL = '<think>\nI need the code.</think>\n<tool_call>\n{"name": "lookup", "arguments": {"key": "item K3"}}\n</tool_call>'
+ROW = {
+    "prompt": "What is the secret code of item K3? Put the final answer in \\boxed{}.",
+    "ground_truth": "4821",
+    "verifier": "math",
+    "table": {"item B7": "1111", "item K3": "4821"},
+}
+CALL = (
+    '<think>\nI need the code.</think>\n<tool_call>\n{"name": "lookup", "arguments": {"key": "item K3"}}\n</tool_call>'
+)
 ANSWER = "<think>\nThe tool said 4821.</think>\nThe answer is \\boxed{4821}."
 RESPONSE = "<tool_response>\n4821\n</tool_response>"
 
 
 def _spans(ep: Episode) -> list[list[int]]:
-    return [ep.token_ids[t.start:t.end] for t in ep.turns]
+    return [ep.token_ids[t.start : t.end] for t in ep.turns]
 
 
-def test_learner_ids_are_engine_ids_plus_observation_ids(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer,
-                                                         chat_tokenizer: Any) -> None:
+def test_learner_ids_are_engine_ids_plus_observation_ids(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer, chat_tokenizer: Any
+) -> None:
     gen = scripted([CALL, ANSWER])
     ep = run_episode(ToolEnv(tools=["lookup"]), ROW, gen, obs_tokens)
     prompt = obs_tokens.first(ToolEnv(tools=["lookup"]).reset(ROW))
@@ -42,12 +49,16 @@ def test_learner_ids_are_engine_ids_plus_observation_ids(scripted: Callable[...,
     assert (ep.end_reason, ep.reward_terms) == ("done", {"math": 1.0})
 
 
-def test_the_episode_does_not_re_render_earlier_turns(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer,
-                                                      chat_tokenizer: Any) -> None:
+def test_the_episode_does_not_re_render_earlier_turns(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer, chat_tokenizer: Any
+) -> None:
     ep = run_episode(ToolEnv(tools=["lookup"]), ROW, scripted([CALL, ANSWER]), obs_tokens)
     messages = ToolEnv(tools=["lookup"]).reset(ROW).messages or []
-    messages = messages + [{"role": "assistant", "content": CALL}, {"role": "user", "content": RESPONSE},
-                           {"role": "assistant", "content": ANSWER}]
+    messages = messages + [
+        {"role": "assistant", "content": CALL},
+        {"role": "user", "content": RESPONSE},
+        {"role": "assistant", "content": ANSWER},
+    ]
     rendered = chat_tokenizer.apply_chat_template(messages, tokenize=False)
     re_rendered = chat_tokenizer.encode(rendered, add_special_tokens=False)
     # The template drops the first turn's <think> block: training on a re-rendering would train on ids the
@@ -55,9 +66,16 @@ def test_the_episode_does_not_re_render_earlier_turns(scripted: Callable[..., An
     assert "I need the code." not in rendered
     assert re_rendered != ep.token_ids
     assert "I need the code." in chat_tokenizer.decode(ep.token_ids)
-    assert chat_tokenizer.decode(ep.token_ids) == chat_tokenizer.decode(ep.token_ids[:ep.prompt_length]) + \
-        CALL + "<|im_end|>\n<|im_start|>user\n" + RESPONSE + "<|im_end|>\n<|im_start|>assistant\n" + ANSWER + \
-        "<|im_end|>"
+    assert (
+        chat_tokenizer.decode(ep.token_ids)
+        == chat_tokenizer.decode(ep.token_ids[: ep.prompt_length])
+        + CALL
+        + "<|im_end|>\n<|im_start|>user\n"
+        + RESPONSE
+        + "<|im_end|>\n<|im_start|>assistant\n"
+        + ANSWER
+        + "<|im_end|>"
+    )
 
 
 def test_mask_logprobs_and_versions(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer) -> None:
@@ -70,12 +88,14 @@ def test_mask_logprobs_and_versions(scripted: Callable[..., Any], obs_tokens: Ob
         if i not in generated:
             assert (ep.logprobs[i], ep.policy_versions[i]) == (0.0, -1)  # prompt and observation tokens
     for turn, produced in zip(ep.turns, gen.produced, strict=True):
-        assert ep.logprobs[turn.start:turn.end] == produced.logprobs  # the engine's own log-probs
-        assert set(ep.policy_versions[turn.start:turn.end]) == {produced.policy_version}
+        assert ep.logprobs[turn.start : turn.end] == produced.logprobs  # the engine's own log-probs
+        assert set(ep.policy_versions[turn.start : turn.end]) == {produced.policy_version}
         assert turn.policy_version == produced.policy_version
     assert [t.policy_version for t in ep.turns] == [7, 8]
     first = ep.turns[0]
-    assert ep.loss_mask[first.observation_start:first.observation_end] == [0] * (first.observation_end - first.observation_start)
+    assert ep.loss_mask[first.observation_start : first.observation_end] == [0] * (
+        first.observation_end - first.observation_start
+    )
 
 
 def test_metrics_and_sample_record(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer) -> None:
@@ -92,13 +112,13 @@ def test_metrics_and_sample_record(scripted: Callable[..., Any], obs_tokens: Obs
     assert sample.metadata["end_reason"] == "done" and sample.completion_text == f"{CALL}<|im_end|>{ANSWER}<|im_end|>"
 
 
-def test_a_turn_ended_by_a_stop_string_gets_the_end_of_turn_token(scripted: Callable[..., Any],
-                                                                   obs_tokens: ObservationTokenizer,
-                                                                   chat_tokenizer: Any) -> None:
+def test_a_turn_ended_by_a_stop_string_gets_the_end_of_turn_token(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer, chat_tokenizer: Any
+) -> None:
     gen = scripted([CALL, ANSWER], close=False)
     ep = run_episode(ToolEnv(tools=["lookup"]), ROW, gen, obs_tokens)
     first = ep.turns[0]
-    observation = chat_tokenizer.decode(ep.token_ids[first.observation_start:first.observation_end])
+    observation = chat_tokenizer.decode(ep.token_ids[first.observation_start : first.observation_end])
     assert observation.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>")
 
 
@@ -135,19 +155,22 @@ def test_max_total_tokens(scripted: Callable[..., Any], obs_tokens: ObservationT
     assert (short.end_reason, short.turns) == ("max_total_tokens", [])
 
 
-def test_malformed_call_is_an_error_observation_or_ends_the_episode(scripted: Callable[..., Any],
-                                                                    obs_tokens: ObservationTokenizer) -> None:
+def test_malformed_call_is_an_error_observation_or_ends_the_episode(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer
+) -> None:
     bad = '<tool_call>{"name": "lookup", "arguments": {"key": </tool_call>'
     ep = run_episode(ToolEnv(tools=["lookup"]), ROW, scripted([bad, ANSWER]), obs_tokens)
     first = ep.turns[0]
-    observation = obs_tokens.tokenizer.decode(ep.token_ids[first.observation_start:first.observation_end])
+    observation = obs_tokens.tokenizer.decode(ep.token_ids[first.observation_start : first.observation_end])
     assert "error: tool call is not valid JSON" in observation
     assert (ep.end_reason, ep.env_metrics["tool_errors"], ep.env_metrics["tool_error/parse_error"]) == ("done", 1, 1)
     ended = run_episode(ToolEnv(tools=["lookup"], end_on_tool_error=True), ROW, scripted([bad, ANSWER]), obs_tokens)
     assert (ended.end_reason, len(ended.turns)) == ("tool_error", 1)
 
 
-def test_a_hanging_tool_does_not_stall_the_episode(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer) -> None:
+def test_a_hanging_tool_does_not_stall_the_episode(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer
+) -> None:
     release = threading.Event()
     hang = Tool(ToolSpec("lookup", "hangs"), lambda arguments, row: str(release.wait(60)), timeout_s=0.2)
     try:
@@ -155,12 +178,13 @@ def test_a_hanging_tool_does_not_stall_the_episode(scripted: Callable[..., Any],
     finally:
         release.set()
     assert ep.end_reason == "done" and ep.env_metrics["tool_error/timeout"] == 1
-    assert "timed out" in obs_tokens.tokenizer.decode(ep.token_ids[ep.turns[0].observation_start:])
+    assert "timed out" in obs_tokens.tokenizer.decode(ep.token_ids[ep.turns[0].observation_start :])
     assert ep.reward_terms == {"math": 1.0}
 
 
-def test_wrong_answer_scores_zero_and_bad_generators_are_rejected(scripted: Callable[..., Any],
-                                                                  obs_tokens: ObservationTokenizer) -> None:
+def test_wrong_answer_scores_zero_and_bad_generators_are_rejected(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer
+) -> None:
     ep = run_episode(ToolEnv(tools=ToolSet([lookup_tool()])), ROW, scripted(["\\boxed{1111}"]), obs_tokens)
     assert (ep.reward_terms, ep.end_reason) == ({"math": 0.0}, "done")
 
@@ -177,6 +201,8 @@ class _Buggy(_AlwaysCalls):
         raise KeyError("oops")
 
 
-def test_an_environment_that_raises_ends_the_episode(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer) -> None:
+def test_an_environment_that_raises_ends_the_episode(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer
+) -> None:
     ep = run_episode(_Buggy(), {}, scripted(["a"]), obs_tokens)
     assert (ep.end_reason, ep.error, len(ep.turns)) == ("env_error", "KeyError: 'oops'", 1)

@@ -41,10 +41,18 @@ class TwoTurnEnv:
 def engine(chat_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TransformersEngine]:
     path: Path = tmp_path_factory.mktemp("tiny_chat_qwen2")
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(chat_tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=4, intermediate_size=64, max_position_embeddings=1024,
-                         tie_word_embeddings=True, eos_token_id=chat_tokenizer.eos_token_id,
-                         pad_token_id=chat_tokenizer.eos_token_id)
+    config = Qwen2Config(
+        vocab_size=len(chat_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=chat_tokenizer.eos_token_id,
+        pad_token_id=chat_tokenizer.eos_token_id,
+    )
     Qwen2ForCausalLM(config).save_pretrained(path)
     chat_tokenizer.save_pretrained(path)
     eng = TransformersEngine(str(path), num_threads=1)
@@ -52,8 +60,9 @@ def engine(chat_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
     eng.shutdown()
 
 
-def test_two_turns_on_the_transformers_engine(engine: TransformersEngine, chat_tokenizer: Any,
-                                              obs_tokens: ObservationTokenizer) -> None:
+def test_two_turns_on_the_transformers_engine(
+    engine: TransformersEngine, chat_tokenizer: Any, obs_tokens: ObservationTokenizer
+) -> None:
     # A random model seldom emits EOS: stop on 3/4 of the vocabulary so that turns end by "stop", not length.
     stops = [i for i in range(len(chat_tokenizer)) if i % 4]
     sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, seed=11, stop_token_ids=stops)
@@ -63,14 +72,14 @@ def test_two_turns_on_the_transformers_engine(engine: TransformersEngine, chat_t
 
     first, second = ep.turns
     prompt = obs_tokens.first(TwoTurnEnv().reset({}))
-    turn1, turn2 = ep.token_ids[first.start:first.end], ep.token_ids[second.start:second.end]
+    turn1, turn2 = ep.token_ids[first.start : first.end], ep.token_ids[second.start : second.end]
     observation = obs_tokens.next(Observation(text=RESPONSE), turn1)
     assert ep.token_ids == prompt + turn1 + observation + turn2
     assert first.end == first.observation_start and first.observation_end == second.start
     assert ep.loss_mask == [0] * len(prompt) + [1] * len(turn1) + [0] * len(observation) + [1] * len(turn2)
     for turn in ep.turns:  # the recorded log-probs are the engine's for exactly this context
-        scored = engine.score(ep.token_ids[:turn.start], ep.token_ids[turn.start:turn.end], temperature=1.0)
-        assert ep.logprobs[turn.start:turn.end] == pytest.approx(scored, abs=1e-4)
+        scored = engine.score(ep.token_ids[: turn.start], ep.token_ids[turn.start : turn.end], temperature=1.0)
+        assert ep.logprobs[turn.start : turn.end] == pytest.approx(scored, abs=1e-4)
         assert turn.policy_version == engine.policy_version
     assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask, strict=True) if m == 0)
     sample = episode_to_sample(ep, "hf:0:0")

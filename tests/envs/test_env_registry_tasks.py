@@ -72,24 +72,27 @@ def _call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-def test_tool_lookup_multi_step_task_solved_through_the_tool(scripted: Callable[..., Any],
-                                                             obs_tokens: ObservationTokenizer) -> None:
+def test_tool_lookup_multi_step_task_solved_through_the_tool(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer
+) -> None:
     row = lookup_rows("train", 1, seed=3, kind="sum")[0]
     a, b = row["prompt"].split("items ")[1].split("?")[0].split(" and ")
     total = int(row["table"][f"item {a}"]) + int(row["table"][f"item {b}"])
     turns = [_call("lookup", key=f"item {a}") + _call("lookup", key=f"item {b}"), f"\\boxed{{{total}}}"]
     ep = run_episode(make_env("tool_lookup"), row, scripted(turns), obs_tokens)
     assert (ep.end_reason, ep.reward_terms, ep.env_metrics["tool_calls"]) == ("done", {"math": 1.0}, 2)
-    observation = obs_tokens.tokenizer.decode(ep.token_ids[ep.turns[0].observation_start:ep.turns[0].observation_end])
+    observation = obs_tokens.tokenizer.decode(ep.token_ids[ep.turns[0].observation_start : ep.turns[0].observation_end])
     assert row["table"][f"item {a}"] in observation and row["table"][f"item {b}"] in observation
     guessed = run_episode(make_env("tool_lookup"), row, scripted(["\\boxed{1234}"]), obs_tokens)
     assert guessed.reward_terms == {"math": float(total == 1234)}
 
 
-def test_math_python_runs_the_tool_in_the_sandbox(scripted: Callable[..., Any], obs_tokens: ObservationTokenizer) -> None:
+def test_math_python_runs_the_tool_in_the_sandbox(
+    scripted: Callable[..., Any], obs_tokens: ObservationTokenizer
+) -> None:
     row = {"prompt": "What is 123 * 457 + 89?", "ground_truth": "56300", "verifier": "math"}
     turns = [_call("python", code="print(123 * 457 + 89)"), "\\boxed{56300}"]
     ep = run_episode(make_env("math_python"), row, scripted(turns), obs_tokens)
     first = ep.turns[0]
-    assert "56300" in obs_tokens.tokenizer.decode(ep.token_ids[first.observation_start:first.observation_end])
+    assert "56300" in obs_tokens.tokenizer.decode(ep.token_ids[first.observation_start : first.observation_end])
     assert (ep.end_reason, ep.reward_terms, ep.env_metrics["tool_errors"]) == ("done", {"math": 1.0}, 0)

@@ -14,11 +14,15 @@ def _call(name: str, **arguments: object) -> str:
 
 
 def test_parses_calls_in_order_and_ignores_text_around() -> None:
-    text = f"<think>plan</think>Let me look.{_call('lookup', key='item K3')} and {_call('calculator', expression='1+2')}"
+    text = (
+        f"<think>plan</think>Let me look.{_call('lookup', key='item K3')} and {_call('calculator', expression='1+2')}"
+    )
     parsed = QwenFormat().parse(text)
     assert parsed.errors == []
-    assert [(c.name, c.arguments) for c in parsed.calls] == [("lookup", {"key": "item K3"}),
-                                                              ("calculator", {"expression": "1+2"})]
+    assert [(c.name, c.arguments) for c in parsed.calls] == [
+        ("lookup", {"key": "item K3"}),
+        ("calculator", {"expression": "1+2"}),
+    ]
 
 
 def test_no_call_is_a_final_answer() -> None:
@@ -31,15 +35,18 @@ def test_arguments_given_as_a_json_string_are_accepted() -> None:
     assert QwenFormat().parse(text).calls[0].arguments == {"key": "A1"}
 
 
-@pytest.mark.parametrize("body", [
-    '{"name": "lookup", "arguments": {"key": "A1"}',  # truncated JSON
-    "not json at all",
-    '["lookup", {"key": "A1"}]',  # not an object
-    '{"arguments": {"key": "A1"}}',  # no name
-    '{"name": "", "arguments": {}}',  # empty name
-    '{"name": "lookup", "arguments": [1, 2]}',  # arguments not an object
-    '{"name": "lookup", "arguments": "{broken"}',  # arguments string that is not JSON
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "lookup", "arguments": {"key": "A1"}',  # truncated JSON
+        "not json at all",
+        '["lookup", {"key": "A1"}]',  # not an object
+        '{"arguments": {"key": "A1"}}',  # no name
+        '{"name": "", "arguments": {}}',  # empty name
+        '{"name": "lookup", "arguments": [1, 2]}',  # arguments not an object
+        '{"name": "lookup", "arguments": "{broken"}',  # arguments string that is not JSON
+    ],
+)
 def test_malformed_calls_become_errors_and_good_ones_are_kept(body: str) -> None:
     parsed = QwenFormat().parse(f"<tool_call>{body}</tool_call>{_call('calculator', expression='2*3')}")
     assert len(parsed.errors) == 1
@@ -54,8 +61,18 @@ def test_unclosed_call_oversized_call_and_too_many_calls() -> None:
     assert [c.name for c in parsed.calls] == ["a", "b"] and "too many" in parsed.errors[0]
 
 
-@pytest.mark.parametrize("text", ["", "<tool_call>", "</tool_call>", "<tool_call></tool_call>", "\x00\xff{{{",
-                                  "<tool_call>" * 1000, '<tool_call>{"name": 1e999999}</tool_call>'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_call></tool_call>",
+        "\x00\xff{{{",
+        "<tool_call>" * 1000,
+        '<tool_call>{"name": 1e999999}</tool_call>',
+    ],
+)
 def test_parse_never_raises(text: str) -> None:
     parsed = QwenFormat().parse(text)
     assert isinstance(parsed.calls, list) and isinstance(parsed.errors, list)

@@ -14,8 +14,12 @@ from rlvr.envs.tool_process import ProcessToolSet
 @pytest.fixture
 def tools() -> Iterator[ProcessToolSet]:
     # spawn: the child imports the tool modules fresh (tests/envs is on the path the child inherits)
-    toolset = ProcessToolSet(["calculator", "envs_user_tools:spin", "envs_user_tools:die", "envs_user_tools:flood"],
-                             max_output_chars=100, grace_s=0.5, start_method="spawn")
+    toolset = ProcessToolSet(
+        ["calculator", "envs_user_tools:spin", "envs_user_tools:die", "envs_user_tools:flood"],
+        max_output_chars=100,
+        grace_s=0.5,
+        start_method="spawn",
+    )
     yield toolset
     toolset.close()
 

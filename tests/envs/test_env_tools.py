@@ -23,14 +23,30 @@ from rlvr.envs.tools import (
 ROW = {"table": {"item K3": "4821", "item B7": "1111"}}
 
 
-@pytest.mark.parametrize(("expression", "value"), [("1+2*3", 7), ("(2+3)**2", 25), ("-7//2", -4), ("10/4", 2.5),
-                                                   ("2**10 % 7", 2), ("+-1", -1)])
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [("1+2*3", 7), ("(2+3)**2", 25), ("-7//2", -4), ("10/4", 2.5), ("2**10 % 7", 2), ("+-1", -1)],
+)
 def test_calculator_evaluates_arithmetic(expression: str, value: float) -> None:
     assert evaluate_arithmetic(expression) == value
 
 
-@pytest.mark.parametrize("expression", ["__import__('os').system('true')", "x + 1", "print(1)", "1 if 1 else 2",
-                                        "[1, 2]", "1/0", "9**9**9", "10**200", "1 +", "a" * 300, "'ab' * 3"])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('true')",
+        "x + 1",
+        "print(1)",
+        "1 if 1 else 2",
+        "[1, 2]",
+        "1/0",
+        "9**9**9",
+        "10**200",
+        "1 +",
+        "a" * 300,
+        "'ab' * 3",
+    ],
+)
 def test_calculator_rejects_everything_else(expression: str) -> None:
     with pytest.raises(ToolError):
         evaluate_arithmetic(expression)
@@ -62,8 +78,9 @@ def test_user_tools_load_by_import_path() -> None:
 
 def test_hanging_crashing_and_flooding_tools_are_contained_and_counted() -> None:
     hang = load_user_tool("envs_user_tools:hang", timeout_s=0.2)
-    tools = ToolSet([hang, load_user_tool("envs_user_tools:crash"), load_user_tool("envs_user_tools:flood")],
-                    max_output_chars=100)
+    tools = ToolSet(
+        [hang, load_user_tool("envs_user_tools:crash"), load_user_tool("envs_user_tools:flood")], max_output_chars=100
+    )
     try:
         hung = tools.execute(ToolCall("hang", {}), {})
         assert (hung.ok, hung.reason) == (False, "timeout") and "timed out" in hung.content
@@ -80,13 +97,15 @@ def test_hanging_crashing_and_flooding_tools_are_contained_and_counted() -> None
 @pytest.fixture(scope="module")
 def python_tools() -> ToolSet:
     """The python tool on the real subprocess sandbox (2 s per program, 4 KiB of output)."""
-    return ToolSet([python_tool(sandbox_runner(timeout_s=2.0, max_output_bytes=4096), timeout_s=2.0)],
-                   max_output_chars=500)
+    return ToolSet(
+        [python_tool(sandbox_runner(timeout_s=2.0, max_output_bytes=4096), timeout_s=2.0)], max_output_chars=500
+    )
 
 
 def test_python_tool_runs_code_in_the_sandbox(python_tools: ToolSet) -> None:
-    result = python_tools.execute(ToolCall("python", {"code": "import sys\nprint(6*7)\nprint('warn', file=sys.stderr)"}),
-                                  {})
+    result = python_tools.execute(
+        ToolCall("python", {"code": "import sys\nprint(6*7)\nprint('warn', file=sys.stderr)"}), {}
+    )
     assert result.ok and result.content == "42\nwarn"
     failed = python_tools.execute(ToolCall("python", {"code": "x = 1\nraise ValueError('bad value')"}), {})
     assert (failed.ok, failed.reason) == (False, "tool_error")

@@ -19,25 +19,50 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rlvr.data import builtin_corpus
     from rlvr.models.tiny import build_tiny_model_dir
 
-    return build_tiny_model_dir(default_config().model, builtin_corpus("copy"),
-                                tmp_path_factory.mktemp("m") / "tiny", seed=0)
+    return build_tiny_model_dir(
+        default_config().model, builtin_corpus("copy"), tmp_path_factory.mktemp("m") / "tiny", seed=0
+    )
 
 
 def _eval_args(model: Path, out: Path, *extra: str) -> list[str]:
-    return ["eval", "--model", str(model), "--dataset", "builtin:copy", "--num-samples", "4", "--max-prompts", "4",
-            "--max-new-tokens", "8", "--device", "cpu", "--output", str(out), *extra]
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--dataset",
+        "builtin:copy",
+        "--num-samples",
+        "4",
+        "--max-prompts",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--device",
+        "cpu",
+        "--output",
+        str(out),
+        *extra,
+    ]
 
 
-def test_rlvr_eval_writes_summary_and_completions(tiny_model: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_rlvr_eval_writes_summary_and_completions(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert rlvr_main(_eval_args(tiny_model, tmp_path / "a")) == 0
     assert "pass@4=" in capsys.readouterr().out
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
     rows = [json.loads(line) for line in (tmp_path / "a" / "completions.jsonl").read_text().splitlines()]
     m = summary["metrics"]
     assert summary["ks"] == [1, 2, 4] and not summary["greedy"] and m["num_samples"] == len(rows) == 16
-    assert {"pass@1", "pass@4", "maj@4", "reward/copy_mean", "completion_len_mean", "stop_rate",
-            "dataset/builtin:copy/pass@1"} <= set(m)
+    assert {
+        "pass@1",
+        "pass@4",
+        "maj@4",
+        "reward/copy_mean",
+        "completion_len_mean",
+        "stop_rate",
+        "dataset/builtin:copy/pass@1",
+    } <= set(m)
     assert all(r["completion_len"] <= 8 and set(r["scores"]) == {"copy"} for r in rows)
     assert m["reward/copy_mean"] == pytest.approx(sum(r["scores"]["copy"] for r in rows) / len(rows))
     # Same seed, same samples, same numbers.
@@ -52,8 +77,9 @@ def test_evaluate_with_real_engine_matches_rescoring(tiny_model: Path) -> None:
     from rlvr.data import eval_requests
     from rlvr.rollout.hf_engine import TransformersEngine
 
-    cfg = resolve_config(EvalArgs(model=str(tiny_model), dataset=["builtin:copy"], num_samples=3, max_prompts=3,
-                                  max_new_tokens=6))
+    cfg = resolve_config(
+        EvalArgs(model=str(tiny_model), dataset=["builtin:copy"], num_samples=3, max_prompts=3, max_new_tokens=6)
+    )
     requests = eval_requests(cfg, AutoTokenizer.from_pretrained(tiny_model))
     engine = TransformersEngine(str(tiny_model), 0, device="cpu", max_batch_size=8)
     scorer = RewardScorer(cfg.rewards)
@@ -87,10 +113,12 @@ def test_config_resolution(tmp_path: Path) -> None:
     assert default_ks(1) == [1] and default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6]
 
 
-def test_vllm_engine_missing_names_the_gpu_extra(tiny_model: Path, tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_vllm_engine_missing_names_the_gpu_extra(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     try:
         import vllm  # noqa: F401
+
         pytest.skip("vllm is installed")
     except ImportError:
         pass

@@ -24,14 +24,19 @@ LEGACY = {"reward/total_mean": "eval/reward_mean"}
 def test_rlvr_eval_reproduces_in_training_eval(tmp_path: Path, ray_cluster: str) -> None:
     from rlvr.orchestration.run import train
 
-    cfg = validate(from_dict({
-        "rollout": {"prompts_per_step": 4},
-        "generation": {"num_samples": 4},
-        "eval": {"every_n_steps": 2, "at_step_0": False, "num_samples": 4, "greedy": False, "max_prompts": 8},
-        "checkpoint": {"output_dir": str(tmp_path), "save_final": True},
-        "logging": {"run_name": "evalmatch", "console_progress": False},
-        "num_steps": 2,
-    }, base=default_config()))
+    cfg = validate(
+        from_dict(
+            {
+                "rollout": {"prompts_per_step": 4},
+                "generation": {"num_samples": 4},
+                "eval": {"every_n_steps": 2, "at_step_0": False, "num_samples": 4, "greedy": False, "max_prompts": 8},
+                "checkpoint": {"output_dir": str(tmp_path), "save_final": True},
+                "logging": {"run_name": "evalmatch", "console_progress": False},
+                "num_steps": 2,
+            },
+            base=default_config(),
+        )
+    )
     assert train(cfg) == 0
     run = tmp_path / "evalmatch"
     logged = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]

@@ -24,21 +24,42 @@ class ScriptedEngine:
         out = []
         for req in reversed(requests):
             for j, text in reversed(list(enumerate(SCRIPT[req.prompt_id][: req.num_samples]))):
-                out.append(Sample(prompt_id=req.prompt_id, sample_index=j, prompt_token_ids=[1, 2],
-                                  completion_token_ids=list(range(len(text))), completion_text=text,
-                                  logprobs=[0.0] * len(text), finish_reason="length" if j == 1 else "stop",
-                                  version_start=3, version_end=3, metadata=dict(req.metadata)))
+                out.append(
+                    Sample(
+                        prompt_id=req.prompt_id,
+                        sample_index=j,
+                        prompt_token_ids=[1, 2],
+                        completion_token_ids=list(range(len(text))),
+                        completion_text=text,
+                        logprobs=[0.0] * len(text),
+                        finish_reason="length" if j == 1 else "stop",
+                        version_start=3,
+                        version_end=3,
+                        metadata=dict(req.metadata),
+                    )
+                )
         return out
 
 
 def _requests() -> list[PromptRequest]:
     return [
-        PromptRequest("arith:0:0", [1], 4, metadata={"ground_truth": "4", "verifier": "gsm8k", "dataset": "arith"},
-                      prompt_text="2+2?"),
-        PromptRequest("arith:1:0", [1], 4, metadata={"ground_truth": "7", "verifier": "gsm8k", "dataset": "arith"},
-                      prompt_text="3+4?"),
-        PromptRequest("copy:0:0", [1], 4, metadata={"ground_truth": "abc", "verifier": "exact_match"},
-                      prompt_text="copy abc"),
+        PromptRequest(
+            "arith:0:0",
+            [1],
+            4,
+            metadata={"ground_truth": "4", "verifier": "gsm8k", "dataset": "arith"},
+            prompt_text="2+2?",
+        ),
+        PromptRequest(
+            "arith:1:0",
+            [1],
+            4,
+            metadata={"ground_truth": "7", "verifier": "gsm8k", "dataset": "arith"},
+            prompt_text="3+4?",
+        ),
+        PromptRequest(
+            "copy:0:0", [1], 4, metadata={"ground_truth": "abc", "verifier": "exact_match"}, prompt_text="copy abc"
+        ),
     ]
 
 
@@ -46,7 +67,12 @@ def test_evaluate_rows_and_summary() -> None:
     scorer = RewardScorer(RewardsSettings())
     summary, rows = evaluate(ScriptedEngine(), _requests(), scorer, ks=(1, 2, 4, 8))
     assert [(r["prompt_id"], r["sample_index"]) for r in rows][:5] == [
-        ("arith:0:0", 0), ("arith:0:0", 1), ("arith:0:0", 2), ("arith:0:0", 3), ("arith:1:0", 0)]
+        ("arith:0:0", 0),
+        ("arith:0:0", 1),
+        ("arith:0:0", 2),
+        ("arith:0:0", 3),
+        ("arith:1:0", 0),
+    ]
     assert rows[0]["prompt"] == "2+2?" and rows[0]["dataset"] == "arith" and rows[8]["dataset"] == "copy"
     correct = {pid: [r["correct"] for r in rows if r["prompt_id"] == pid] for pid in SCRIPT}
     expected = sum(pass_at_k(4, sum(map(bool, c)), 2) for c in correct.values()) / 3

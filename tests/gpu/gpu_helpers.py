@@ -26,21 +26,36 @@ def build_tiny_dir(path: str | Path, seed: int = 0) -> str:
     from rlvr.models.tiny import build_tokenizer
 
     tok = build_tokenizer(builtin_corpus("copy"), 256)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         max_position_embeddings=2048, tie_word_embeddings=True, bos_token_id=tok.eos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype="bfloat16")
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
 
 
-def make_cfg(max_new_tokens: int = 32, inflight_updates: bool = True, colocate: bool = False,
-             gpu_memory_utilization: float = 0.25) -> Any:
+def make_cfg(
+    max_new_tokens: int = 32,
+    inflight_updates: bool = True,
+    colocate: bool = False,
+    gpu_memory_utilization: float = 0.25,
+) -> Any:
     from rlvr.config import ExperimentConfig
 
     cfg = ExperimentConfig()
@@ -112,8 +127,9 @@ class _Trainer:
 
         self.conn = conn
         self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                          attn_implementation="sdpa").cuda()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="sdpa"
+        ).cuda()
         self.sender: Any = None
 
     def sft(self, steps: int = 60, lr: float = 3e-3) -> list[float]:
@@ -156,7 +172,7 @@ class _Trainer:
                 ids = torch.tensor([list(prompt) + list(completion)], device="cuda")
                 pos = torch.arange(ids.shape[1], device="cuda").unsqueeze(0)
                 lp, _ = packed_logprobs(self.model, ids, pos, temperature=temperature, attention="varlen")
-                out.append(lp[0, len(prompt):].float().tolist())
+                out.append(lp[0, len(prompt) :].float().tolist())
         return out
 
     def metadata(self) -> dict[str, list]:

@@ -106,10 +106,20 @@ def test_adapter_sync_engine_matches_learner(lora_pair) -> None:
     after = [engine.call("score", p, c) for p, c in pairs]
     mean_after, max_after = _diffs(after, want)
     mean_before, _ = _diffs(before, want)
-    print(json.dumps({"check": "lora sync: vLLM score vs learner", "adapter_bytes": sent_bytes,
-                      "full_bytes": learner.call("full_bytes"), "engine_load_s": round(load_s, 4),
-                      "mean_abs_diff_after": round(mean_after, 5), "max_abs_diff_after": round(max_after, 5),
-                      "mean_abs_diff_before": round(mean_before, 5)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "check": "lora sync: vLLM score vs learner",
+                "adapter_bytes": sent_bytes,
+                "full_bytes": learner.call("full_bytes"),
+                "engine_load_s": round(load_s, 4),
+                "mean_abs_diff_after": round(mean_after, 5),
+                "max_abs_diff_after": round(max_after, 5),
+                "mean_abs_diff_before": round(mean_before, 5),
+            }
+        ),
+        flush=True,
+    )
     assert sent_bytes < learner.call("full_bytes") / 5
     assert mean_after < 0.05 and max_after < 0.5  # bf16: HF sdpa + peft vs vLLM's kernels + punica LoRA
     assert mean_before > 5 * mean_after
@@ -121,8 +131,13 @@ def test_adapter_update_while_requests_run(lora_pair) -> None:
     learner, engine, tok = lora_pair
     version = engine.call("policy_version")
     pairs = copy_pairs(tok, 4)
-    engine.call("submit", [PromptRequest(f"long{i}", p, 2, SamplingParams(max_new_tokens=LONG, seed=i))
-                           for i, (p, _) in enumerate(pairs)])
+    engine.call(
+        "submit",
+        [
+            PromptRequest(f"long{i}", p, 2, SamplingParams(max_new_tokens=LONG, seed=i))
+            for i, (p, _) in enumerate(pairs)
+        ],
+    )
     deadline = time.monotonic() + 60
     while engine.call("stats")["inflight_samples"] < 8:
         assert time.monotonic() < deadline, "requests never started"

@@ -16,8 +16,14 @@ def _model(impl: str):
 
     attention.register()
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=512)
+    config = transformers.Qwen2Config(
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+    )
     config._attn_implementation = impl
     return transformers.Qwen2ForCausalLM(config).to("cuda", torch.bfloat16).eval()
 
@@ -48,8 +54,9 @@ def test_packed_equals_one_by_one_on_gpu(impl: str, attention: str, gpus) -> Non
     model = _model(impl)
     inputs, mb = _micro_batch()
     with torch.no_grad():
-        lp, _ = packed_logprobs(model, mb.input_ids.cuda(), mb.position_ids.cuda(), temperature=0.8,
-                                attention=attention, chunk_size=32)
+        lp, _ = packed_logprobs(
+            model, mb.input_ids.cuda(), mb.position_ids.cuda(), temperature=0.8, attention=attention, chunk_size=32
+        )
         diffs = []
         for item in inputs:
             ids = torch.tensor([list(item.prompt_token_ids) + list(item.completion_token_ids)], device="cuda")
@@ -59,8 +66,10 @@ def test_packed_equals_one_by_one_on_gpu(impl: str, attention: str, gpus) -> Non
             assert got.shape == ref[0].shape
             diffs.append((got - ref[0]).abs())
     d = torch.cat(diffs)
-    print(f"packed vs one-by-one ({impl}/{attention}, bf16): mean abs diff {d.mean().item():.2e}, "
-          f"max {d.max().item():.2e}")
+    print(
+        f"packed vs one-by-one ({impl}/{attention}, bf16): mean abs diff {d.mean().item():.2e}, "
+        f"max {d.max().item():.2e}"
+    )
     assert d.mean().item() < 1e-2 and d.max().item() < 1e-1  # bf16 kernels on different shapes
 
 
@@ -84,6 +93,8 @@ def test_fast_path_gradients_match_reference_on_gpu(gpus) -> None:
     cos = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0).item()
     rel = ((grads[0] - grads[1]).norm() / grads[0].norm()).item()
     d = (lps[0] - lps[1]).abs()
-    print(f"fast path vs reference (bf16): logprob mean abs diff {d.mean().item():.2e}, grad cosine {cos:.5f}, "
-          f"grad rel err {rel:.2e}")
+    print(
+        f"fast path vs reference (bf16): logprob mean abs diff {d.mean().item():.2e}, grad cosine {cos:.5f}, "
+        f"grad rel err {rel:.2e}"
+    )
     assert d.mean().item() < 1e-2 and cos > 0.99 and rel < 0.1

@@ -32,8 +32,10 @@ def test_generate_logprobs_finish_reasons_versions(tmp_path, gpus) -> None:
     eng = engine_proc("0", model_dir, make_cfg(max_new_tokens=24), initial_version=3)
     try:
         pairs = copy_pairs(tok, 6)
-        reqs = [PromptRequest(f"p{i}", p, 4, SamplingParams(temperature=1.0, max_new_tokens=24, seed=100 + i))
-                for i, (p, _) in enumerate(pairs)]
+        reqs = [
+            PromptRequest(f"p{i}", p, 4, SamplingParams(temperature=1.0, max_new_tokens=24, seed=100 + i))
+            for i, (p, _) in enumerate(pairs)
+        ]
         samples = eng.call("generate", reqs, 120)
         assert [(s.prompt_id, s.sample_index) for s in samples] == [(f"p{i}", j) for i in range(6) for j in range(4)]
         for s in samples:
@@ -59,8 +61,14 @@ def test_generate_logprobs_finish_reasons_versions(tmp_path, gpus) -> None:
             eng.call("score", pairs[0][0], pairs[0][1], 0.7)
 
         # streaming: submit/poll, greedy samples are identical, stop strings end with "stop"
-        eng.call("submit", [PromptRequest("g0", pairs[0][0], 3, SamplingParams(temperature=0.0, max_new_tokens=24,
-                                                                                 stop_strings=["a"]))])
+        eng.call(
+            "submit",
+            [
+                PromptRequest(
+                    "g0", pairs[0][0], 3, SamplingParams(temperature=0.0, max_new_tokens=24, stop_strings=["a"])
+                )
+            ],
+        )
         greedy = _poll_until(eng, 3)
         assert len({tuple(s.completion_token_ids) for s in greedy}) == 1
         for s in greedy:
@@ -101,8 +109,10 @@ def test_colocated_sleep_frees_and_wake_restores_memory(tmp_path, gpus) -> None:
         eng.call("wake_up")
         free_woken, _ = eng.call("mem_get_info")
         gib = 1 << 30
-        print(f"free GiB awake {free_awake / gib:.2f}, asleep {free_asleep / gib:.2f}, woken {free_woken / gib:.2f} "
-              f"(total {total / gib:.1f})")
+        print(
+            f"free GiB awake {free_awake / gib:.2f}, asleep {free_asleep / gib:.2f}, woken {free_woken / gib:.2f} "
+            f"(total {total / gib:.1f})"
+        )
         assert free_asleep - free_awake > 0.15 * total  # the KV cache (most of the 30% reservation) is released
         assert free_asleep - free_woken > 0.15 * total  # and taken again
         after = [eng.call("score", p, c) for p, c in pairs]

@@ -74,15 +74,24 @@ def test_nccl_sync_engine_matches_learner(nccl_pair) -> None:
     after = [engine.call("score", p, c) for p, c in pairs]
     mean_after, max_after = _diffs(after, learner)
     mean_before, max_before = _diffs(before, learner)
-    _report("engine score vs learner (teacher-forced, T=1)", mean_abs_diff_after=mean_after,
-            max_abs_diff_after=max_after, mean_abs_diff_before=mean_before, max_abs_diff_before=max_before)
+    _report(
+        "engine score vs learner (teacher-forced, T=1)",
+        mean_abs_diff_after=mean_after,
+        max_abs_diff_after=max_after,
+        mean_abs_diff_before=mean_before,
+        max_abs_diff_before=max_before,
+    )
     assert mean_after < 0.05 and max_after < 0.5  # bf16: HF sdpa vs vLLM's flash-attention kernels
     assert mean_before > 10 * mean_after
 
     # sampled-token log-probs (processed_logprobs: after temperature) vs the learner at that temperature
     for temperature in (1.0, 0.7):
-        reqs = [PromptRequest(f"t{temperature}-{i}", p, 2, SamplingParams(temperature=temperature, max_new_tokens=12,
-                                                                         seed=7 + i)) for i, (p, _) in enumerate(pairs)]
+        reqs = [
+            PromptRequest(
+                f"t{temperature}-{i}", p, 2, SamplingParams(temperature=temperature, max_new_tokens=12, seed=7 + i)
+            )
+            for i, (p, _) in enumerate(pairs)
+        ]
         samples = engine.call("generate", reqs, 120)
         assert all(s.version_start == s.version_end == 1 for s in samples)
         ref = trainer.call("logprobs", [(s.prompt_token_ids, s.completion_token_ids) for s in samples], temperature)
@@ -97,16 +106,25 @@ def test_nccl_update_while_requests_run(nccl_pair) -> None:
     trainer, engine, info, tok, _ = nccl_pair
     version = engine.call("policy_version")
     pairs = copy_pairs(tok, 4)
-    engine.call("submit", [PromptRequest(f"long{i}", p, 2, SamplingParams(max_new_tokens=LONG, seed=i))
-                           for i, (p, _) in enumerate(pairs)])
+    engine.call(
+        "submit",
+        [
+            PromptRequest(f"long{i}", p, 2, SamplingParams(max_new_tokens=LONG, seed=i))
+            for i, (p, _) in enumerate(pairs)
+        ],
+    )
     deadline = time.monotonic() + 60
     while engine.call("stats")["inflight_samples"] < 8:
         assert time.monotonic() < deadline, "requests never started"
         time.sleep(0.05)
     time.sleep(0.2)
     sent, got = _nccl_sync(trainer, engine, info, version + 1)
-    _report("in-flight nccl update", pause_s=got["sync/pause_s"], engine_s=got["sync/engine_total_s"],
-            seconds=sent["sync/seconds"])
+    _report(
+        "in-flight nccl update",
+        pause_s=got["sync/pause_s"],
+        engine_s=got["sync/engine_total_s"],
+        seconds=sent["sync/seconds"],
+    )
     samples, deadline = [], time.monotonic() + 120
     while len(samples) < 8:
         assert time.monotonic() < deadline, f"only {len(samples)} of 8 samples finished"
@@ -144,9 +162,14 @@ def test_ipc_colocated_sync_matches_learner(tmp_path, gpus) -> None:
         after = [engine.call("score", p, c) for p, c in pairs]
         mean_after, max_after = _diffs(after, learner)
         mean_before, _ = _diffs(before, learner)
-        _report("ipc colocated sync: engine score vs learner", seconds=sent["sync/seconds"],
-                chunks=sent["sync/num_chunks"], mean_abs_diff_after=mean_after, max_abs_diff_after=max_after,
-                mean_abs_diff_before=mean_before)
+        _report(
+            "ipc colocated sync: engine score vs learner",
+            seconds=sent["sync/seconds"],
+            chunks=sent["sync/num_chunks"],
+            mean_abs_diff_after=mean_after,
+            max_abs_diff_after=max_after,
+            mean_abs_diff_before=mean_before,
+        )
         assert engine.call("policy_version") == 1
         assert mean_after < 0.05 and max_after < 0.5 and mean_before > 10 * mean_after
     finally:

@@ -17,8 +17,15 @@ from rlvr.learner.logprobs import packed_logprobs
 def _model(impl: str, tied: bool = False) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
     attention.register()
-    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=64, tie_word_embeddings=tied)
+    config = transformers.Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        tie_word_embeddings=tied,
+    )
     config._attn_implementation = impl
     return transformers.Qwen2ForCausalLM(config).double().eval()
 
@@ -42,18 +49,30 @@ def _one_by_one(model: transformers.PreTrainedModel, ids: list[int], temperature
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize(("impl", "path"), [("sdpa", "varlen"), ("sdpa", "mask"), ("eager", "varlen"),
-                                            ("eager", "mask"), ("torch_varlen", "varlen")])
+@pytest.mark.parametrize(
+    ("impl", "path"),
+    [("sdpa", "varlen"), ("sdpa", "mask"), ("eager", "varlen"), ("eager", "mask"), ("torch_varlen", "varlen")],
+)
 def test_packed_equals_one_by_one(impl: str, path: str, fused: bool) -> None:
     model = _model(impl)
     inputs, ids, pos, sids = _batch()
     with torch.no_grad():
-        lp, ent = packed_logprobs(model, ids, pos, temperature=0.7, attention=path, chunk_size=3,  # type: ignore[arg-type]
-                                  return_entropy=True, fused=fused)
+        lp, ent = packed_logprobs(
+            model,
+            ids,
+            pos,
+            temperature=0.7,
+            attention=path,
+            chunk_size=3,  # type: ignore[arg-type]
+            return_entropy=True,
+            fused=fused,
+        )
     # eager attention runs its softmax in fp32 even for an fp64 model, hence 1e-6 rather than 1e-12
     tol = 1e-12 if impl == "sdpa" else 1e-6
     for item in inputs:
-        expected_lp, expected_ent = _one_by_one(model, list(item.prompt_token_ids) + list(item.completion_token_ids), 0.7)
+        expected_lp, expected_ent = _one_by_one(
+            model, list(item.prompt_token_ids) + list(item.completion_token_ids), 0.7
+        )
         where = sids == item.sample_id
         got_lp, got_ent = lp[where], ent[where]
         assert got_lp[0] == 0.0 and got_ent[0] == 0.0  # a sample's first token is predicted by nothing
@@ -73,8 +92,10 @@ def test_without_position_restarts_attention_leaks() -> None:
     assert not torch.allclose(good[later], bad[later])
 
 
-@pytest.mark.parametrize(("impl", "fused", "tied"), [("sdpa", False, False), ("sdpa", True, False),
-                                                     ("sdpa", True, True), ("torch_varlen", True, True)])
+@pytest.mark.parametrize(
+    ("impl", "fused", "tied"),
+    [("sdpa", False, False), ("sdpa", True, False), ("sdpa", True, True), ("torch_varlen", True, True)],
+)
 def test_gradients_match_one_by_one(impl: str, fused: bool, tied: bool) -> None:
     model = _model(impl, tied)
     assert fusable(model.get_output_embeddings())

@@ -85,8 +85,9 @@ def test_engine_logprobs_after_a_gloo_sync_of_the_adapter_equal_the_learners(mod
     w = _worker(cfg, model_dir)
     for step in range(2):
         w.train_batch(_batches(step))
-    engine = TransformersEngine(model_dir, device="cpu", dtype="float32", num_threads=1,
-                                lora=lora.LoraSpec.from_config(cfg))
+    engine = TransformersEngine(
+        model_dir, device="cpu", dtype="float32", num_threads=1, lora=lora.LoraSpec.from_config(cfg)
+    )
     try:
         prompt, completion = [5, 6, 7, 8], [9, 10, 11, 12, 13]
         stale = engine.score(prompt, completion)
@@ -108,8 +109,9 @@ def test_engine_logprobs_after_a_gloo_sync_of_the_adapter_equal_the_learners(mod
         full = sum(p.numel() * p.element_size() for p in w.model.get_base_model().parameters())
         assert sent["sync/bytes"] < full / 5
         learner = w.score(prompt, completion)
-        torch.testing.assert_close(torch.tensor(engine.score(prompt, completion)), torch.tensor(learner),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(engine.score(prompt, completion)), torch.tensor(learner), atol=1e-5, rtol=0
+        )
         assert max(abs(a - b) for a, b in zip(stale, learner)) > 1e-3  # the sync changed what the engine computes
     finally:
         engine.shutdown()

@@ -17,10 +17,12 @@ from rlvr.data import builtin_corpus
 from rlvr.launch.local_cluster import free_port
 from rlvr.models.tiny import build_tiny_model_dir
 
-OVERRIDES = {"learner": {"backend": "deepspeed", "zero_stage": 2, "lora_rank": 4, "lora_alpha": 8, "lr": 1e-2},
-             "data": {"datasets": ["builtin:copy"]}}
+OVERRIDES = {
+    "learner": {"backend": "deepspeed", "zero_stage": 2, "lora_rank": 4, "lora_alpha": 8, "lr": 1e-2},
+    "data": {"datasets": ["builtin:copy"]},
+}
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, sys
     import torch
     from rlvr.algorithms.packing import PackInput, build_packed_batches
@@ -59,7 +61,7 @@ SCRIPT = textwrap.dedent('''
         "restored": restored, "version": w.version}), flush=True)
     torch.distributed.barrier()
     w.shutdown()
-''')
+""")
 
 
 @pytest.mark.timeout(300)
@@ -68,20 +70,29 @@ def test_lora_zero2_two_ranks_train_only_equal_adapters_and_restore(tmp_path) ->
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), model_dir, port, str(rank),
-                               json.dumps(OVERRIDES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), model_dir, port, str(rank), json.dumps(OVERRIDES)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
     outs = [p.communicate(timeout=280) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     res = []
     for out, err in outs:
         line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         assert line, err[-3000:]
-        res.append(json.loads(line[0][len("RESULT "):]))
+        res.append(json.loads(line[0][len("RESULT ") :]))
     for r in res:
         assert r["changed_is_adapter"] and r["num_adapter"] > 0
         assert r["opt_numel"] == r["adapter_numel"]  # ZeRO's fp32 partitions cover the adapters, nothing frozen
         assert r["restored"] and r["version"] == 2
     assert res[0]["sums"] == res[1]["sums"]  # gradients were reduced: the ranks stay identical
-    assert not any(f.name.endswith("model_states.pt") and f.stat().st_size > 200_000
-                   for f in (tmp_path / "ckpt" / "state").rglob("*"))  # the frozen base is not in DeepSpeed's files
+    assert not any(
+        f.name.endswith("model_states.pt") and f.stat().st_size > 200_000
+        for f in (tmp_path / "ckpt" / "state").rglob("*")
+    )  # the frozen base is not in DeepSpeed's files

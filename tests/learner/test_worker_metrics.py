@@ -18,8 +18,10 @@ from rlvr.models.tiny import build_tiny_model_dir
 
 
 def _cfg():
-    return from_dict({"learner": {"backend": "torch", "lr": 0.0, "warmup_steps": 0},
-                      "data": {"datasets": ["builtin:copy"]}}, base=default_config())
+    return from_dict(
+        {"learner": {"backend": "torch", "lr": 0.0, "warmup_steps": 0}, "data": {"datasets": ["builtin:copy"]}},
+        base=default_config(),
+    )
 
 
 @pytest.fixture(scope="module")

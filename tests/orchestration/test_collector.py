@@ -42,8 +42,11 @@ class FakeEngine:
         if self.fail_next_poll:
             self.fail_next_poll = False
             raise EngineFailure(0, "died: test")
-        out = [Sample(r.prompt_id, j, [1, 2], [3, 4], "x", [-1.0, -1.0], "stop", self.version, self.version)
-               for r in self.queue for j in range(r.num_samples)]
+        out = [
+            Sample(r.prompt_id, j, [1, 2], [3, 4], "x", [-1.0, -1.0], "stop", self.version, self.version)
+            for r in self.queue
+            for j in range(r.num_samples)
+        ]
         self.queue = []
         return out
 
@@ -64,22 +67,45 @@ class FakeStream:
 
 def _scorer(informative):
     """Rewards: [1, 0, 0, 0] for prompts where `informative(index)`, else all 0 (zero variance)."""
+
     def score(groups: list[Group]) -> float:
         for g in groups:
             good = informative(int(g.prompt_id[1:]))
             g.rewards = [RewardResult({"r": v}, v, v > 0) for v in ([1.0] + [0.0] * (G - 1) if good else [0.0] * G)]
         return 0.0
+
     return score
 
 
-def _collector(B=2, async_steps=1, active=False, filter_zv=True, informative=lambda i: True, limit=None,
-               rounds=NO_SIGNAL_ROUNDS, on_engine_failure=None):
+def _collector(
+    B=2,
+    async_steps=1,
+    active=False,
+    filter_zv=True,
+    informative=lambda i: True,
+    limit=None,
+    rounds=NO_SIGNAL_ROUNDS,
+    on_engine_failure=None,
+):
     engine, ledger = FakeEngine(), PromptLedger()
     feeder = RolloutFeeder([engine], FakeStream(limit), ledger, timeout_s=5.0)
-    rollout = SimpleNamespace(prompts_per_step=B, async_steps=async_steps, active_sampling=active,
-                              filter_zero_variance=filter_zv, max_pull_factor=4.0, timeout_s=5.0)
-    c = RolloutCollector(feeder, ledger, rollout, ShapingConfig(16), _scorer(informative),
-                         on_engine_failure=on_engine_failure, no_signal_rounds=rounds)
+    rollout = SimpleNamespace(
+        prompts_per_step=B,
+        async_steps=async_steps,
+        active_sampling=active,
+        filter_zero_variance=filter_zv,
+        max_pull_factor=4.0,
+        timeout_s=5.0,
+    )
+    c = RolloutCollector(
+        feeder,
+        ledger,
+        rollout,
+        ShapingConfig(16),
+        _scorer(informative),
+        on_engine_failure=on_engine_failure,
+        no_signal_rounds=rounds,
+    )
     return c, engine, ledger
 
 

@@ -10,13 +10,35 @@ from pathlib import Path
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
-FAST = ["--eval.every-n-steps", "0", "--eval.at-step-0", "False", "--logging.console-progress", "False",
-        "--rollout.prompts-per-step", "4", "--generation.num-samples", "4", "--num-steps", "2"]
+FAST = [
+    "--eval.every-n-steps",
+    "0",
+    "--eval.at-step-0",
+    "False",
+    "--logging.console-progress",
+    "False",
+    "--rollout.prompts-per-step",
+    "4",
+    "--generation.num-samples",
+    "4",
+    "--num-steps",
+    "2",
+]
 
 
 def _train(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(tmp_path / "runs"),
-           "--logging.run-name", "bad", *FAST, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(tmp_path / "runs"),
+        "--logging.run-name",
+        "bad",
+        *FAST,
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -65,10 +87,23 @@ def test_too_long_prompts_are_skipped_and_counted(tmp_path, ray_cluster):
     rows = [{"prompt": "abc=", "ground_truth": "abc", "verifier": "copy"} for _ in range(30)]
     rows += [{"prompt": "abcdef" * 10 + "=", "ground_truth": "x", "verifier": "copy"} for _ in range(10)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out = _train(tmp_path, "--data.datasets", "builtin:copy", str(data), "--data.weights", "0.0", "1.0",
-                 "--data.max-prompt-tokens", "16", "--data.apply-chat-template", "False")
+    out = _train(
+        tmp_path,
+        "--data.datasets",
+        "builtin:copy",
+        str(data),
+        "--data.weights",
+        "0.0",
+        "1.0",
+        "--data.max-prompt-tokens",
+        "16",
+        "--data.apply-chat-template",
+        "False",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     last = json.loads((tmp_path / "runs" / "bad" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["data/prompts_dropped_too_long"] > 0
-    assert last["data/prompts_pulled"] == sum(last[f"data/prompts_{k}"] for k in (
-        "trained", "filtered", "dropped_stale", "dropped_too_long", "skipped_bad_row", "failed", "in_flight"))
+    assert last["data/prompts_pulled"] == sum(
+        last[f"data/prompts_{k}"]
+        for k in ("trained", "filtered", "dropped_stale", "dropped_too_long", "skipped_bad_row", "failed", "in_flight")
+    )

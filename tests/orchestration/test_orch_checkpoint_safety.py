@@ -40,10 +40,13 @@ def _fake_checkpoint(run: RunDir, step: int, hidden: int = 64, model_config: dic
     (tmp / "model.safetensors").write_bytes(os.urandom(256))
     state = tmp / "trainer_state"
     state.mkdir()
-    torch.save({"optimizer": {"state": {}, "param_groups": []}, "scheduler": {"last_epoch": step}},
-               state / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": [3, [1, 2, 3], None], "version": step, "skipped": 0},
-               state / "rng_rank0.pt")
+    torch.save(
+        {"optimizer": {"state": {}, "param_groups": []}, "scheduler": {"last_epoch": step}}, state / "optimizer.pt"
+    )
+    torch.save(
+        {"torch": torch.get_rng_state(), "python": [3, [1, 2, 3], None], "version": step, "skipped": 0},
+        state / "rng_rank0.pt",
+    )
     write_driver_state(state, {"step": step, "ledger": {}, "feeder": {"requeue": []}})
     return run.commit_checkpoint(tmp, step, keep_last=100)
 
@@ -91,7 +94,9 @@ def test_checkpoint_of_plain_data_passes_the_scan(tmp_path):
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, ckpt / "trainer_state" / "optimizer.pt")
+    torch.save(
+        {"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, ckpt / "trainer_state" / "optimizer.pt"
+    )
     write_manifest(ckpt, 2)
     assert unsafe_content(ckpt) is None
     assert RunDir(tmp_path / "run").find_resume("auto") == ckpt
@@ -119,14 +124,15 @@ def test_torch_learner_loads_weights_only(tmp_path):
     with pytest.raises(ValueError, match="refused"):
         w.load(str(state), str(hf))
     (state / "optimizer.pt").write_bytes(good)
-    torch.save({"torch": torch.get_rng_state(), "python": Payload(marker), "version": 1, "skipped": 0},
-               state / "rng_rank0.pt")
+    torch.save(
+        {"torch": torch.get_rng_state(), "python": Payload(marker), "version": 1, "skipped": 0}, state / "rng_rank0.pt"
+    )
     with pytest.raises(ValueError, match="refused"):
         w.load(str(state), str(hf))
     assert not marker.exists()
 
 
-DEEPSPEED_SCRIPT = textwrap.dedent('''
+DEEPSPEED_SCRIPT = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
     from rlvr.config import default_config, from_dict
@@ -157,7 +163,7 @@ DEEPSPEED_SCRIPT = textwrap.dedent('''
     except ValueError as e:
         print("REFUSED", e, flush=True)
     torch.distributed.destroy_process_group()
-''')
+""")
 
 
 @pytest.mark.timeout(300)
@@ -169,16 +175,23 @@ def test_deepspeed_learner_loads_weights_only(tmp_path, stage):
     from rlvr.launch.local_cluster import free_port
 
     marker = tmp_path / "marker"
-    p = subprocess.run([sys.executable, "-c", DEEPSPEED_SCRIPT, str(tmp_path), str(free_port()), str(stage),
-                        str(marker)], capture_output=True, text=True, timeout=280)
+    p = subprocess.run(
+        [sys.executable, "-c", DEEPSPEED_SCRIPT, str(tmp_path), str(free_port()), str(stage), str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert "LOADED" in p.stdout, p.stderr[-3000:]
     assert "REFUSED" in p.stdout and "optim_states.pt" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     assert not marker.exists()
 
 
 def test_gloo_metadata_is_json_and_a_pickle_is_refused(tmp_path):
-    meta = [("model.embed.weight", torch.bfloat16, (13, 64)), ("model.norm.weight", torch.float32, (64,)),
-            ("scalar", torch.int64, ())]
+    meta = [
+        ("model.embed.weight", torch.bfloat16, (13, 64)),
+        ("model.norm.weight", torch.float32, (64,)),
+        ("scalar", torch.int64, ()),
+    ]
     assert decode_meta(encode_meta(meta)) == meta
     marker = tmp_path / "marker"
     for bad in (pickle.dumps(Payload(marker)), b'[["x", "object", [1]]]', b'[["x", "float32", [-1]]]', b"{}"):
@@ -275,14 +288,30 @@ def test_pruning_never_deletes_the_newest_checkpoint_this_process_verified(tmp_p
 
 # ------------------------------------------------------------------------------------ through `rlvr train`
 def _train(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(tmp_path / "runs"),
-           "--logging.run-name", "r", "--num-steps", "2", "--logging.console-progress", "False", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(tmp_path / "runs"),
+        "--logging.run-name",
+        "r",
+        "--num-steps",
+        "2",
+        "--logging.console-progress",
+        "False",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != "events.log"}
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "events.log"
+    }
 
 
 def test_train_refuses_a_malicious_checkpoint_before_anything_runs(tmp_path):
@@ -367,9 +396,11 @@ def test_restore_maps_a_load_time_size_mismatch_to_a_checkpoint_error(tmp_path, 
     run = RunDir(tmp_path / "run")
     run.create()
     ckpt = _fake_checkpoint(run, 2)
-    mismatch = RuntimeError("Error(s) in loading state_dict for Qwen2ForCausalLM:\n\tsize mismatch for "
-                            "model.embed_tokens.weight: copying a param with shape torch.Size([14, 64]) from "
-                            "checkpoint, the shape in current model is torch.Size([64, 64]).")
+    mismatch = RuntimeError(
+        "Error(s) in loading state_dict for Qwen2ForCausalLM:\n\tsize mismatch for "
+        "model.embed_tokens.weight: copying a param with shape torch.Size([14, 64]) from "
+        "checkpoint, the shape in current model is torch.Size([64, 64])."
+    )
 
     def fail(*args, **kwargs):
         raise ray.exceptions.RayTaskError("load", "Traceback (remote)", mismatch)
@@ -381,7 +412,8 @@ def test_restore_maps_a_load_time_size_mismatch_to_a_checkpoint_error(tmp_path, 
         driver.Trainer.restore(trainer, ckpt)
     assert str(ckpt) in str(err.value) and "--checkpoint.resume never" in str(err.value)
     other = RuntimeError("NCCL error")  # anything else stays a failure with its traceback
-    monkeypatch.setattr(driver.ray, "get", lambda *a, **k: (_ for _ in ()).throw(
-        ray.exceptions.RayTaskError("load", "tb", other)))
+    monkeypatch.setattr(
+        driver.ray, "get", lambda *a, **k: (_ for _ in ()).throw(ray.exceptions.RayTaskError("load", "tb", other))
+    )
     with pytest.raises(ray.exceptions.RayTaskError):
         driver.Trainer.restore(trainer, ckpt)

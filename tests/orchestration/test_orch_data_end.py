@@ -11,10 +11,32 @@ from pathlib import Path
 def test_data_running_out_still_writes_the_last_eval_and_the_final_checkpoint(tmp_path: Path) -> None:
     # 12 prompts, 4 a step, one epoch: the data ends after 3 steps, long before --num-steps 50. The eval of step 2
     # runs overlapped with step 3; step 3 itself is no eval step.
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(tmp_path),
-           "--logging.console-progress", "False", "--num-steps", "50", "--data.num-builtin-rows", "12",
-           "--data.num-epochs", "1", "--rollout.prompts-per-step", "4", "--rollout.filter-zero-variance", "False",
-           "--generation.num-samples", "2", "--eval.every-n-steps", "2", "--eval.max-prompts", "8"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(tmp_path),
+        "--logging.console-progress",
+        "False",
+        "--num-steps",
+        "50",
+        "--data.num-builtin-rows",
+        "12",
+        "--data.num-epochs",
+        "1",
+        "--rollout.prompts-per-step",
+        "4",
+        "--rollout.filter-zero-variance",
+        "False",
+        "--generation.num-samples",
+        "2",
+        "--eval.every-n-steps",
+        "2",
+        "--eval.max-prompts",
+        "8",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -47,8 +47,10 @@ def _wait_dead(engine, timeout_s: float = 60) -> None:
 
 
 def test_groups_of_living_engines_survive_a_dead_engine_in_the_same_poll(tmp_path, ray_cluster) -> None:
-    cfg = from_dict({"generation": {"num_samples": 2, "max_new_tokens": 4}, "data": {"datasets": ["builtin:copy"]}},
-                    base=default_config())
+    cfg = from_dict(
+        {"generation": {"num_samples": 2, "max_new_tokens": 4}, "data": {"datasets": ["builtin:copy"]}},
+        base=default_config(),
+    )
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
     stream = PromptStream(cfg, AutoTokenizer.from_pretrained(model_dir))
     engines = [EngineActor.options(num_cpus=0).remote(cfg, model_dir, i, "cpu") for i in range(2)]

@@ -13,9 +13,28 @@ import pytest
 
 @pytest.mark.timeout(400)
 def test_lora_run_syncs_only_the_adapter_and_checkpoints_it(tmp_path, ray_cluster):
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(tmp_path), "--logging.run-name",
-           "lora", "--learner.lora-rank", "8", "--num-steps", "2", "--eval.every-n-steps", "0", "--eval.at-step-0",
-           "False", "--logging.console-progress", "False", "--rollout.prompts-per-step", "4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(tmp_path),
+        "--logging.run-name",
+        "lora",
+        "--learner.lora-rank",
+        "8",
+        "--num-steps",
+        "2",
+        "--eval.every-n-steps",
+        "0",
+        "--eval.at-step-0",
+        "False",
+        "--logging.console-progress",
+        "False",
+        "--rollout.prompts-per-step",
+        "4",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=380)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "lora"

@@ -55,8 +55,9 @@ class _Learner:
 def test_shared_memory_adapter_update_order(ray_cluster, asleep):
     log = _Log.remote()
     factory = SimpleNamespace(transport="gloo", sync_transport="shm", colocated=True)
-    actors = SimpleNamespace(learners=[_Learner.remote(log)], engines=[_Engine.remote(log, i) for i in range(2)],
-                             factory=factory)
+    actors = SimpleNamespace(
+        learners=[_Learner.remote(log)], engines=[_Engine.remote(log, i) for i in range(2)], factory=factory
+    )
     updater = WeightUpdater(actors, timeout_s=60)
     if asleep:
         updater.sleep_engines()
@@ -67,8 +68,12 @@ def test_shared_memory_adapter_update_order(ray_cluster, asleep):
     assert calls.index("learner write v3") < min(calls.index(c) for c in loads)
     if asleep:
         for i in (0, 1):
-            assert calls.index(f"e{i} sleep 1") < calls.index(f"e{i} wake weights") < calls.index(f"e{i} load "
-                   "/dev/shm/adapter-v3 v3") < calls.index(f"e{i} wake kv_cache")
+            assert (
+                calls.index(f"e{i} sleep 1")
+                < calls.index(f"e{i} wake weights")
+                < calls.index(f"e{i} load /dev/shm/adapter-v3 v3")
+                < calls.index(f"e{i} wake kv_cache")
+            )
         assert not updater.engines_asleep
     else:
         assert not any("wake" in c for c in calls)

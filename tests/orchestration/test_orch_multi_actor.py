@@ -55,15 +55,18 @@ def test_two_learners_two_engines_async(tmp_path, ray_cluster, zero_stage):
             assert ray.get([e.policy_version.remote() for e in actors.engines], timeout=60) == [step, step]
             assert m["rollout/staleness_max"] <= cfg.rollout.async_steps
             # every rank scores: under ZeRO-3 the parameter gathers are collectives
-            learner_lp = ray.get([lr.score.remote(probe_prompt, probe_completion) for lr in actors.learners],
-                                 timeout=60)[0]
+            learner_lp = ray.get(
+                [lr.score.remote(probe_prompt, probe_completion) for lr in actors.learners], timeout=60
+            )[0]
             for engine in actors.engines:
                 engine_lp = ray.get(engine.score.remote(probe_prompt, probe_completion), timeout=60)
                 assert engine_lp == pytest.approx(learner_lp, abs=1e-5)
         assert max(abs(a - b) for a, b in zip(before, learner_lp)) > 1e-4, "weights did not change"
         trainer.ledger.check()
         counts = trainer.ledger.counts()
-        assert counts["trained"] + counts["filtered"] + counts["dropped_stale"] + counts["in_flight"] == counts["pulled"]
+        assert (
+            counts["trained"] + counts["filtered"] + counts["dropped_stale"] + counts["in_flight"] == counts["pulled"]
+        )
         trainer.close()
     finally:
         shutdown_actors(actors)

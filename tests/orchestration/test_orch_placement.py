@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, ray
     from rlvr.config import default_config, validate
     from rlvr.orchestration.run import ActorFactory
@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent('''
     naive = [Probe.options(**strip(f.learner_opts)).remote() for _ in range(2)]
     placed["naive"] = ray.get([a.gpus.remote() for a in naive])
     print("PLACED " + json.dumps(placed))
-''')
+""")
 
 
 def test_colocated_learners_get_their_own_gpu_with_their_engine() -> None:
@@ -49,7 +49,7 @@ def test_colocated_learners_get_their_own_gpu_with_their_engine() -> None:
     assert out.returncode == 0 and line, out.stderr[-3000:]
     import json
 
-    placed = json.loads(line[0][len("PLACED "):])
+    placed = json.loads(line[0][len("PLACED ") :])
     learners, engines = placed["learners"], placed["engines"]
     assert all(len(g) == 1 for g in learners + engines)
     assert learners[0] != learners[1], placed  # one learner rank per GPU (NCCL needs distinct devices)

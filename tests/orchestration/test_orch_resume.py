@@ -17,14 +17,41 @@ from safetensors.torch import load_file
 
 from rlvr.config import from_dict, read_yaml
 
-COMMON = ["--eval.every-n-steps", "0", "--eval.at-step-0", "False", "--logging.console-progress", "False",
-          "--rollout.prompts-per-step", "4", "--generation.num-samples", "4", "--checkpoint.every-n-steps", "3",
-          "--checkpoint.keep-last", "5", "--learner.lr", "1e-3", "--num-steps", "6"]
+COMMON = [
+    "--eval.every-n-steps",
+    "0",
+    "--eval.at-step-0",
+    "False",
+    "--logging.console-progress",
+    "False",
+    "--rollout.prompts-per-step",
+    "4",
+    "--generation.num-samples",
+    "4",
+    "--checkpoint.every-n-steps",
+    "3",
+    "--checkpoint.keep-last",
+    "5",
+    "--learner.lr",
+    "1e-3",
+    "--num-steps",
+    "6",
+]
 
 
 def _cmd(out: Path, name: str, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(out),
-            "--logging.run-name", name, *COMMON, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(out),
+        "--logging.run-name",
+        name,
+        *COMMON,
+        *extra,
+    ]
 
 
 def _run(cmd: list[str]) -> None:
@@ -66,10 +93,16 @@ DEEPSPEED_2_RANKS = ["--learner.backend", "deepspeed", "--cluster.num-learners",
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("learner", [[], DEEPSPEED_2_RANKS + ["2"],
-                                     DEEPSPEED_2_RANKS + ["3", "--learner.zero3-gather-mb", "0.01"],
-                                     ["--learner.lora-rank", "8", "--learner.lr", "1e-2"]],
-                         ids=["torch", "deepspeed-zero2-2ranks", "deepspeed-zero3-2ranks", "torch-lora"])
+@pytest.mark.parametrize(
+    "learner",
+    [
+        [],
+        DEEPSPEED_2_RANKS + ["2"],
+        DEEPSPEED_2_RANKS + ["3", "--learner.zero3-gather-mb", "0.01"],
+        ["--learner.lora-rank", "8", "--learner.lr", "1e-2"],
+    ],
+    ids=["torch", "deepspeed-zero2-2ranks", "deepspeed-zero3-2ranks", "torch-lora"],
+)
 def test_resume_is_exact_on_policy(tmp_path, ray_cluster, learner):
     """SIGKILL after step 3's checkpoint, resume: the same losses and final weights as an uninterrupted run (ZeRO-3
     saves and loads through parameter gathers on every rank; the GPU presets gpu-8x / gpu-2node train with it)."""
@@ -109,6 +142,7 @@ def test_resume_async_keeps_prompt_accounting(tmp_path, ray_cluster):
     from transformers import AutoTokenizer
 
     from rlvr.data import PromptStream
+
     cfg = from_dict(read_yaml(str(tmp_path / "async" / "config.yaml")))  # the run's own config: its stream
     tok = AutoTokenizer.from_pretrained(tmp_path / "async" / "builtin_model")
     stream = PromptStream(cfg, tok)

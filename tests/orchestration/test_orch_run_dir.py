@@ -17,8 +17,19 @@ from rlvr.orchestration.run_dirs import RUN_STATE, RunLock, config_fingerprint, 
 
 
 def _train(out: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", "--checkpoint.output-dir", str(out), "--num-steps", "2",
-           "--logging.console-progress", "False", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        "--checkpoint.output-dir",
+        str(out),
+        "--num-steps",
+        "2",
+        "--logging.console-progress",
+        "False",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
 
@@ -119,16 +130,20 @@ def test_a_finished_run_is_not_continued(tmp_path):
 
 def test_fingerprint_ignores_logging_and_resume_only():
     base = default_config()
-    same = from_dict({"logging": {"run_name": "x", "level": "DEBUG", "console_progress": False},
-                      "checkpoint": {"resume": "never"}}, base=base)
+    same = from_dict(
+        {"logging": {"run_name": "x", "level": "DEBUG", "console_progress": False}, "checkpoint": {"resume": "never"}},
+        base=base,
+    )
     assert config_fingerprint(same) == config_fingerprint(base)
     assert config_fingerprint(from_dict({"learner": {"lr": 1e-2}}, base=base)) != config_fingerprint(base)
 
 
 # ------------------------------------------------------------------ a failed start removes only what it owns
 def _cfg(out: Path, **sections):
-    return from_dict({"checkpoint": {"output_dir": str(out)}, "data": {"datasets": ["builtin:copy"]}, **sections},
-                     base=default_config())
+    return from_dict(
+        {"checkpoint": {"output_dir": str(out)}, "data": {"datasets": ["builtin:copy"]}, **sections},
+        base=default_config(),
+    )
 
 
 def _other_run(root: Path) -> RunLock:

@@ -71,14 +71,17 @@ def test_reward_help_names_the_functions(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_docs_rewards_page_is_current() -> None:
-    assert (ROOT / "docs" / "rewards.md").read_text() == markdown(), \
+    assert (ROOT / "docs" / "rewards.md").read_text() == markdown(), (
         "docs/rewards.md is stale: python -m rlvr.rewards.catalog --write docs/rewards.md"
+    )
 
 
 def test_failed_rows_exit_2_and_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = [{"completion": r"\boxed{2}", "verifier": "math", "ground_truth": "2"},
-            {"completion": "x", "verifier": "ifeval", "ground_truth": [{"type": "no_such_constraint"}]},
-            {"completion": "y", "verifier": "math", "ground_truth": "3"}]
+    rows = [
+        {"completion": r"\boxed{2}", "verifier": "math", "ground_truth": "2"},
+        {"completion": "x", "verifier": "ifeval", "ground_truth": [{"type": "no_such_constraint"}]},
+        {"completion": "y", "verifier": "math", "ground_truth": "3"},
+    ]
     src, dst = tmp_path / "rows.jsonl", tmp_path / "scored.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert run_reward(RewardArgs(input=str(src), output=str(dst), num_workers=0)) == 2
@@ -87,8 +90,9 @@ def test_failed_rows_exit_2_and_are_named(tmp_path: Path, capsys: pytest.Capture
     assert f"{src}:2: error: " in err and "no_such_constraint" in err and f"{src}:1" not in err
     scored = [json.loads(line) for line in dst.read_text().splitlines()]
     assert [s["status"] for s in scored] == ["ok", "error", "ok"]  # every row still written, as it was read
-    assert all(set(s) - {"scores", "total", "correct", "status", "error", "elapsed_s"} == set(r)
-               for s, r in zip(scored, rows))
+    assert all(
+        set(s) - {"scores", "total", "correct", "status", "error", "elapsed_s"} == set(r) for s, r in zip(scored, rows)
+    )
     # without --output: the results on stdout, the same exit code; all rows fine: 0
     assert run_reward(RewardArgs(input=str(src), num_workers=0)) == 2
     assert len(capsys.readouterr().out.splitlines()) == 3

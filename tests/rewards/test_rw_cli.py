@@ -15,14 +15,23 @@ def test_single_completion(capsys):
 
 
 def test_jsonl_with_pool(tmp_path, capsys):
-    rows = [{"completion": r"\boxed{2}", "verifier": "math", "ground_truth": "2"},
-            {"completion": "7", "verifier": "gsm8k", "ground_truth": "8", "completion_token_ids": [1, 2]},
-            {"completion": "x", "verifier": "nope"}]
+    rows = [
+        {"completion": r"\boxed{2}", "verifier": "math", "ground_truth": "2"},
+        {"completion": "7", "verifier": "gsm8k", "ground_truth": "8", "completion_token_ids": [1, 2]},
+        {"completion": "x", "verifier": "nope"},
+    ]
     src, dst = tmp_path / "rows.jsonl", tmp_path / "scored.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    rc = run_reward(RewardArgs(input=str(src), output=str(dst), fn=["soft_overlong"], weights=[1.0],
-                               params=["soft_overlong.max_tokens=2", "soft_overlong.cache_tokens=1"],
-                               num_workers=1))
+    rc = run_reward(
+        RewardArgs(
+            input=str(src),
+            output=str(dst),
+            fn=["soft_overlong"],
+            weights=[1.0],
+            params=["soft_overlong.max_tokens=2", "soft_overlong.cache_tokens=1"],
+            num_workers=1,
+        )
+    )
     assert rc == 2  # a row failed to score (unknown verifier): every row is still written
     scored = [json.loads(line) for line in dst.read_text().splitlines()]
     assert scored[0]["scores"] == {"soft_overlong": 0.0, "math": 1.0}
@@ -40,15 +49,27 @@ def test_usage_errors(capsys):
 
 
 def test_module_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "rlvr.rewards.cli", "--fn", "gsm8k", "--reference", "#### 5",
-                           "--completion", "it is 5"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlvr.rewards.cli", "--fn", "gsm8k", "--reference", "#### 5", "--completion", "it is 5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"scores": {"gsm8k": 1.0}, "total": 1.0, "correct": True, "status": "ok",
-                                       "error": None, "elapsed_s": json.loads(proc.stdout)["elapsed_s"]}
+    assert json.loads(proc.stdout) == {
+        "scores": {"gsm8k": 1.0},
+        "total": 1.0,
+        "correct": True,
+        "status": "ok",
+        "error": None,
+        "elapsed_s": json.loads(proc.stdout)["elapsed_s"],
+    }
 
 
 def test_no_heavy_imports():
-    code = ("import sys, rlvr.rewards.pool, rlvr.rewards.cli, rlvr.rewards.builtin\n"
-            "bad = [m for m in ('ray', 'vllm', 'deepspeed', 'wandb', 'torch') if m in sys.modules]\n"
-            "assert not bad, bad")
+    code = (
+        "import sys, rlvr.rewards.pool, rlvr.rewards.cli, rlvr.rewards.builtin\n"
+        "bad = [m for m in ('ray', 'vllm', 'deepspeed', 'wandb', 'torch') if m in sys.modules]\n"
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -11,8 +11,9 @@ from rlvr.rewards.code_verifiers import last_code_block, parse_tests
 from rlvr.rewards.registry import get_reward
 from rlvr.rewards.sandbox import LocalSandboxExecutor, RemoteExecutor, SandboxLimits, isolation_level
 
-needs_isolation = pytest.mark.skipif(isolation_level() != "namespaces",
-                                     reason="needs root and unshare (namespace isolation)")
+needs_isolation = pytest.mark.skipif(
+    isolation_level() != "namespaces", reason="needs root and unshare (namespace isolation)"
+)
 ASSERTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
 STDIO = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4", "output": "6"}]
 
@@ -27,7 +28,12 @@ CASES = [
     (fenced("def add(a, b):\n    return a - b"), ASSERTS, 0.0, 0.0),
     (fenced("a, b = map(int, input().split())\nprint(a + b)"), STDIO, 1.0, 1.0),
     (fenced("import sys\na, b = map(int, sys.stdin.read().split())\nprint(a * b)"), STDIO, 0.0, 0.0),
-    (fenced("def add(a, b): return 0") + fenced("def add(a, b):\n    return a + b", ""), ASSERTS, 2 / 3, 0.0),  # last block
+    (
+        fenced("def add(a, b): return 0") + fenced("def add(a, b):\n    return a + b", ""),
+        ASSERTS,
+        2 / 3,
+        0.0,
+    ),  # last block
     ("def add(a, b):\n    return a + b", ASSERTS, 0.0, 0.0),  # no fence
     ("", ASSERTS, 0.0, 0.0),
     ("<think>" + fenced("def add(a, b):\n    return a + b") + "</think>no code", ASSERTS, 0.0, 0.0),
@@ -89,9 +95,11 @@ def test_one_gigabyte_allocation_fails():
 def test_cannot_write_outside_scratch(tmp_path):
     target = tmp_path / "escape.txt"
     os.chmod(tmp_path, 0o777)
-    program = (f"for p in [{str(target)!r}, '/work/escape.txt', '/root/escape.txt', '/etc/escape.txt']:\n"
-               "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\n"
-               "assert False")
+    program = (
+        f"for p in [{str(target)!r}, '/work/escape.txt', '/root/escape.txt', '/etc/escape.txt']:\n"
+        "    try:\n        open(p, 'w').write('x')\n    except OSError:\n        pass\n"
+        "assert False"
+    )
     passed, _ = run_one(program)
     assert passed == [False]
     assert not target.exists() and not os.path.exists("/work/escape.txt") and not os.path.exists("/etc/escape.txt")
@@ -100,11 +108,15 @@ def test_cannot_write_outside_scratch(tmp_path):
 @needs_isolation
 def test_cannot_read_other_sample_files():
     writer = "import os, time\nopen('secret.txt', 'w').write('s3cret')\nopen('/tmp/secret2.txt', 'w').write('x')\ntime.sleep(3)"
-    reader = ("import glob, os\n"
-              "found = glob.glob('/tmp/**/secret*', recursive=True) + glob.glob('/tmp/rlvr-sandbox-*/**', recursive=True)\n"
-              "assert found, 'nothing to read'")
+    reader = (
+        "import glob, os\n"
+        "found = glob.glob('/tmp/**/secret*', recursive=True) + glob.glob('/tmp/rlvr-sandbox-*/**', recursive=True)\n"
+        "assert found, 'nothing to read'"
+    )
     results = {}
-    t = threading.Thread(target=lambda: results.setdefault("w", run_one(writer, limits=SandboxLimits(test_timeout_s=5))))
+    t = threading.Thread(
+        target=lambda: results.setdefault("w", run_one(writer, limits=SandboxLimits(test_timeout_s=5)))
+    )
     t.start()
     time.sleep(1.0)
     results["r"] = run_one(reader)
@@ -119,8 +131,7 @@ def test_no_network():
     server.listen(1)
     port = server.getsockname()[1]
     try:
-        program = ("import socket\n"
-                   f"socket.create_connection(('127.0.0.1', {port}), timeout=1).send(b'hi')\n")
+        program = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).send(b'hi')\n"
         passed, _ = run_one(program)
         assert passed == [False]
         server.settimeout(0.2)
@@ -132,10 +143,12 @@ def test_no_network():
 
 @needs_isolation
 def test_cannot_kill_parent():
-    program = ("import os, signal\n"
-               "for pid in [os.getppid(), 1, -1]:\n"
-               "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
-               "assert os.getuid() == 0")
+    program = (
+        "import os, signal\n"
+        "for pid in [os.getppid(), 1, -1]:\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n    except OSError:\n        pass\n"
+        "assert os.getuid() == 0"
+    )
     passed, _ = run_one(program)
     assert passed == [False]  # and we (the test process, the worker's parent chain) are alive to assert it
 
@@ -151,27 +164,36 @@ def test_huge_stdout_is_cut():
 @needs_isolation
 def test_runs_unprivileged_in_namespaces():
     # the test code runs in the judge: what the program sees comes back through its own functions
-    program = ("import os\nSTATUS = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
-               "def ids():\n    return os.getuid(), os.getgid(), os.getgroups(), os.getpid(), os.getcwd()\n"
-               "def tmp():\n    return os.listdir('/tmp')")
-    tests = ["uid, gid, groups, pid, cwd = ids()\nassert uid not in (0, 65534) and gid == uid and groups == []",
-             "assert ids()[3] < 10 and ids()[4] == '/tmp/work'", "assert tmp() == ['work']",
-             "assert all(int(STATUS[k].strip(), 16) == 0 for k in ('CapEff', 'CapPrm', 'CapInh', 'CapBnd', 'CapAmb'))",
-             "assert STATUS['NoNewPrivs'].strip() == '1'"]
+    program = (
+        "import os\nSTATUS = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+        "def ids():\n    return os.getuid(), os.getgid(), os.getgroups(), os.getpid(), os.getcwd()\n"
+        "def tmp():\n    return os.listdir('/tmp')"
+    )
+    tests = [
+        "uid, gid, groups, pid, cwd = ids()\nassert uid not in (0, 65534) and gid == uid and groups == []",
+        "assert ids()[3] < 10 and ids()[4] == '/tmp/work'",
+        "assert tmp() == ['work']",
+        "assert all(int(STATUS[k].strip(), 16) == 0 for k in ('CapEff', 'CapPrm', 'CapInh', 'CapBnd', 'CapAmb'))",
+        "assert STATUS['NoNewPrivs'].strip() == '1'",
+    ]
     assert run_one(program, tests)[0] == [True] * len(tests)
 
 
 @needs_isolation
 def test_judge_runs_unprivileged_and_apart():
     """While the judge runs the test code, the program sees it: no capabilities, another uid, no_new_privs."""
-    program = ("import os\ndef others():\n    out = []\n    for pid in os.listdir('/proc'):\n"
-               "        if pid.isdigit() and int(pid) not in (1, os.getpid()):\n"
-               "            st = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status') if ':' in l)\n"
-               "            out.append({k: st[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Uid')})\n"
-               "    return out\ndef my_uid():\n    return os.getuid()")
-    test = ("import os\njudges = others()\nassert len(judges) == 1\nj = judges[0]\n"
-            "assert int(j['CapEff'], 16) == int(j['CapPrm'], 16) == int(j['CapBnd'], 16) == 0\n"
-            "assert j['NoNewPrivs'] == '1' and int(j['Uid'].split()[0]) == os.getuid() not in (0, my_uid())")
+    program = (
+        "import os\ndef others():\n    out = []\n    for pid in os.listdir('/proc'):\n"
+        "        if pid.isdigit() and int(pid) not in (1, os.getpid()):\n"
+        "            st = dict(l.split(':', 1) for l in open(f'/proc/{pid}/status') if ':' in l)\n"
+        "            out.append({k: st[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Uid')})\n"
+        "    return out\ndef my_uid():\n    return os.getuid()"
+    )
+    test = (
+        "import os\njudges = others()\nassert len(judges) == 1\nj = judges[0]\n"
+        "assert int(j['CapEff'], 16) == int(j['CapPrm'], 16) == int(j['CapBnd'], 16) == 0\n"
+        "assert j['NoNewPrivs'] == '1' and int(j['Uid'].split()[0]) == os.getuid() not in (0, my_uid())"
+    )
     assert run_one(program, [test])[0] == [True]
 
 
@@ -186,38 +208,62 @@ def test_rlimits_mode_drops_capabilities_too():
 
 # ---- honest programs of many shapes still pass: assert tests see the program's objects through handles ----
 SHAPES = [
-    ("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n"
-     "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i",
-     "assert Solution().twoSum([2, 7, 11, 15], 9) == [0, 1]"),
+    (
+        "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n"
+        "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i",
+        "assert Solution().twoSum([2, 7, 11, 15], 9) == [0, 1]",
+    ),
     ("def sort_in_place(xs):\n    xs.sort()", "a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]"),
-    ("def check(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x",
-     "try:\n    check(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError"),
+    (
+        "def check(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x",
+        "try:\n    check(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError",
+    ),
     ("LIMIT = 10 ** 30\nPRIMES = [2, 3, 5]", "assert LIMIT == 10 ** 30 and PRIMES[-1] == 5"),
-    ("class Node:\n    def __init__(self, val, next=None):\n        self.val, self.next = val, next\n"
-     "def build(xs):\n    head = None\n    for x in reversed(xs):\n        head = Node(x, head)\n    return head",
-     "def to_list(n):\n    out = []\n    while n is not None:\n        out.append(n.val)\n        n = n.next\n"
-     "    return out\nassert to_list(build([1, 2, 3])) == [1, 2, 3]"),
+    (
+        "class Node:\n    def __init__(self, val, next=None):\n        self.val, self.next = val, next\n"
+        "def build(xs):\n    head = None\n    for x in reversed(xs):\n        head = Node(x, head)\n    return head",
+        "def to_list(n):\n    out = []\n    while n is not None:\n        out.append(n.val)\n        n = n.next\n"
+        "    return out\nassert to_list(build([1, 2, 3])) == [1, 2, 3]",
+    ),
     ("def gen(n):\n    yield from range(n)", "assert list(gen(3)) == [0, 1, 2] and sum(gen(4)) == 6"),
     ("import math\ndef area(r):\n    return math.pi * r * r", "assert math.isclose(area(1.0), 3.141592653589793)"),
-    ("def f():\n    return (1, 'a'), {'k': {1, 2}}, b'x', None, float('inf')",
-     "assert f() == ((1, 'a'), {'k': {1, 2}}, b'x', None, float('inf'))"),
+    (
+        "def f():\n    return (1, 'a'), {'k': {1, 2}}, b'x', None, float('inf')",
+        "assert f() == ((1, 'a'), {'k': {1, 2}}, b'x', None, float('inf'))",
+    ),
     ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)", "assert fib(20) == 6765\nassert fib(1) == 1"),
-    ("def copy(xs):\n    return list(xs) + [0]\nimport heapq\ndef smallest(xs):\n    return heapq.nsmallest(1, xs)",
-     "assert copy([1]) == [1, 0] and smallest([3, 1]) == [1] and heapq.nlargest(1, [3, 1]) == [3]"),
-    ("def candidate_sum(xs):\n    return sum(xs)", "def check(candidate):\n    assert candidate([1, 2]) == 3\n"
-     "check(candidate_sum)"),
-    ("class Counter:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n"
-     "        return self", "c = Counter()\nc.inc().inc()\nassert c.n == 2 and len([c]) == 1 and c is not None"),
+    (
+        "def copy(xs):\n    return list(xs) + [0]\nimport heapq\ndef smallest(xs):\n    return heapq.nsmallest(1, xs)",
+        "assert copy([1]) == [1, 0] and smallest([3, 1]) == [1] and heapq.nlargest(1, [3, 1]) == [3]",
+    ),
+    (
+        "def candidate_sum(xs):\n    return sum(xs)",
+        "def check(candidate):\n    assert candidate([1, 2]) == 3\ncheck(candidate_sum)",
+    ),
+    (
+        "class Counter:\n    def __init__(self):\n        self.n = 0\n    def inc(self):\n        self.n += 1\n"
+        "        return self",
+        "c = Counter()\nc.inc().inc()\nassert c.n == 2 and len([c]) == 1 and c is not None",
+    ),
     # subclasses of plain types come back as their plain copies
-    ("from collections import Counter\ndef count(s):\n    return Counter(s)",
-     "assert count('aab') == {'a': 2, 'b': 1}"),
-    ("from collections import defaultdict\ndef group(xs):\n    d = defaultdict(list)\n    for x in xs:\n"
-     "        d[x % 2].append(x)\n    return d", "assert group([1, 2, 3]) == {1: [1, 3], 0: [2]}"),
-    ("from collections import OrderedDict\ndef ordered(xs):\n    return OrderedDict((x, i) for i, x in enumerate(xs))",
-     "assert ordered('ba') == {'b': 0, 'a': 1} and list(ordered('ba')) == ['b', 'a']"),
-    ("from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\ndef mid(a, b):\n"
-     "    return Point((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)",
-     "assert mid((0, 0), (2, 4)) == (1.0, 2.0) and mid((0, 0), (2, 4)).y == 2.0"),
+    (
+        "from collections import Counter\ndef count(s):\n    return Counter(s)",
+        "assert count('aab') == {'a': 2, 'b': 1}",
+    ),
+    (
+        "from collections import defaultdict\ndef group(xs):\n    d = defaultdict(list)\n    for x in xs:\n"
+        "        d[x % 2].append(x)\n    return d",
+        "assert group([1, 2, 3]) == {1: [1, 3], 0: [2]}",
+    ),
+    (
+        "from collections import OrderedDict\ndef ordered(xs):\n    return OrderedDict((x, i) for i, x in enumerate(xs))",
+        "assert ordered('ba') == {'b': 0, 'a': 1} and list(ordered('ba')) == ['b', 'a']",
+    ),
+    (
+        "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\ndef mid(a, b):\n"
+        "    return Point((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)",
+        "assert mid((0, 0), (2, 4)) == (1.0, 2.0) and mid((0, 0), (2, 4)).y == 2.0",
+    ),
 ]
 
 
@@ -231,11 +277,17 @@ BUILTIN_NAMED = [
     # (program, tests, code): the task's function has a builtin's name; the test must check the program's
     ("def pow(a, b):\n    return 0", ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9"], 0.0),
     ("def pow(a, b):\n    return a * b", ["assert pow(2, 3) == 8", "assert pow(2, 2) == 4"], 0.5),
-    ("def pow(a, b):\n    r = 1\n    for _ in range(b):\n        r *= a\n    return r",
-     ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9"], 1.0),
+    (
+        "def pow(a, b):\n    r = 1\n    for _ in range(b):\n        r *= a\n    return r",
+        ["assert pow(2, 3) == 8", "assert pow(3, 2) == 9"],
+        1.0,
+    ),
     ("def max(xs):\n    return xs[0]", ["assert max([1, 3, 2]) == 3"], 0.0),
-    ("def sorted(xs):\n    return list(xs)", ["def check(candidate):\n    assert candidate([2, 1]) == [1, 2]\n"
-                                                 "check(sorted)"], 0.0),
+    (
+        "def sorted(xs):\n    return list(xs)",
+        ["def check(candidate):\n    assert candidate([2, 1]) == [1, 2]\ncheck(sorted)"],
+        0.0,
+    ),
     # a program `abs` beside the tested `add` does not reach the test's `abs`
     ("def add(a, b):\n    return 0\ndef abs(x):\n    return 0", ["assert abs(add(1, 2) - 3) < 1e-9"], 0.0),
 ]

@@ -135,8 +135,12 @@ def test_no_unevaluated_arithmetic_scores_for_an_integer_gold():
     from hypothesis import strategies as st
 
     @settings(max_examples=300, deadline=None)
-    @given(st.integers(2, 999), st.integers(2, 999), st.sampled_from(["+", "*", "\\times", "\\cdot"]),
-           st.sampled_from(["{e}", "\\boxed{{{e}}}", "The answer is {e}.", "${e}$", "So {e}"]))
+    @given(
+        st.integers(2, 999),
+        st.integers(2, 999),
+        st.sampled_from(["+", "*", "\\times", "\\cdot"]),
+        st.sampled_from(["{e}", "\\boxed{{{e}}}", "The answer is {e}.", "${e}$", "So {e}"]),
+    )
     def check(a, b, op, wrap):
         value = a + b if op == "+" else a * b
         echo = wrap.format(e=f"{a} {op} {b}")

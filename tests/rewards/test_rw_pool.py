@@ -49,8 +49,9 @@ def test_unknown_function_raises_at_build():
 
 
 def test_keeps_serving_while_one_hangs_and_one_crashes():
-    with VerifierPool(settings("rw_helpers:hang", "rw_helpers:crash"), num_workers=2, timeout_s=1.0,
-                      hard_grace_s=1.0) as pool:
+    with VerifierPool(
+        settings("rw_helpers:hang", "rw_helpers:crash"), num_workers=2, timeout_s=1.0, hard_grace_s=1.0
+    ) as pool:
         start = time.perf_counter()
         items = [("hang", {}, None), ("segfault", {}, None)] + [("ok", {}, None)] * 10 + [("exit", {}, None)]
         results = pool.score_many(items, timeout=60)
@@ -76,8 +77,7 @@ def test_soft_timeout_without_kill():
 
 
 def test_back_pressure():
-    with VerifierPool(settings("rw_helpers:hang"), num_workers=1, timeout_s=1.0, hard_grace_s=0.5,
-                      max_queue=2) as pool:
+    with VerifierPool(settings("rw_helpers:hang"), num_workers=1, timeout_s=1.0, hard_grace_s=0.5, max_queue=2) as pool:
         pool.submit("slow", [("hang", {}, None), ("ok", {}, None)])
         with pytest.raises(ValueError, match="already pending"):
             pool.submit("slow", [("ok", {}, None)])

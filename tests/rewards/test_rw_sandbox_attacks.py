@@ -100,10 +100,24 @@ def _nobody_python() -> str | None:
     for python in candidates:
         if not os.path.exists(python):
             continue
-        probe = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-c",
-                                "import sys; sys.path.insert(0, sys.argv[1]); import rlvr.rewards.code_verifiers\n"
-                                "from rlvr.rewards.sandbox import isolation_level; print(isolation_level())",
-                                str(ROOT)], capture_output=True, timeout=60, cwd="/")
+        probe = subprocess.run(
+            [
+                "setpriv",
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                python,
+                "-c",
+                "import sys; sys.path.insert(0, sys.argv[1]); import rlvr.rewards.code_verifiers\n"
+                "from rlvr.rewards.sandbox import isolation_level; print(isolation_level())",
+                str(ROOT),
+            ],
+            capture_output=True,
+            timeout=60,
+            cwd="/",
+        )
         if probe.returncode == 0 and probe.stdout.decode().split() == ["userns"]:
             return python
     return None
@@ -113,8 +127,22 @@ def _nobody_or_skip() -> str:
     """The interpreter to run as uid 65534 in user-namespace mode; skips where this host cannot."""
     if shutil.which("setpriv") is None:
         pytest.skip("setpriv (util-linux) is not installed")
-    userns = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                             "unshare", "--user", "--map-root-user", "true"], capture_output=True, timeout=30)
+    userns = subprocess.run(
+        [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "true",
+        ],
+        capture_output=True,
+        timeout=30,
+    )
     if userns.returncode != 0:
         pytest.skip(f"the kernel forbids unprivileged user namespaces: {userns.stderr.decode().strip()}")
     python = _nobody_python()
@@ -130,9 +158,22 @@ def test_catalogue_as_unprivileged_user_in_user_namespace():
     os.chown(home, 65534, 65534)
     try:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "HF_TOKEN": "hf-fake-token"}
-        proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python,
-                               str(ROOT / "bench" / "sandbox_attacks.py")], capture_output=True, timeout=500,
-                              env=env, cwd=home)
+        proc = subprocess.run(
+            [
+                "setpriv",
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                python,
+                str(ROOT / "bench" / "sandbox_attacks.py"),
+            ],
+            capture_output=True,
+            timeout=500,
+            env=env,
+            cwd=home,
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
@@ -142,11 +183,15 @@ def test_catalogue_as_unprivileged_user_in_user_namespace():
     assert result["honest_passed"] is True
 
 
-THREADS = ("import threading\ndef started():\n    stop, n = threading.Event(), 0\n    try:\n"
-           "        for _ in range(3):\n            threading.Thread(target=stop.wait).start()\n            n += 1\n    except RuntimeError:\n"
-           "        pass\n    stop.set()\n    return n\n")
-SUBPROCESS = ("import subprocess, sys\ndef child():\n    out = subprocess.run([sys.executable, '-c', 'print(7)'], "
-              "capture_output=True)\n    return out.stdout.decode().strip()\n")
+THREADS = (
+    "import threading\ndef started():\n    stop, n = threading.Event(), 0\n    try:\n"
+    "        for _ in range(3):\n            threading.Thread(target=stop.wait).start()\n            n += 1\n    except RuntimeError:\n"
+    "        pass\n    stop.set()\n    return n\n"
+)
+SUBPROCESS = (
+    "import subprocess, sys\ndef child():\n    out = subprocess.run([sys.executable, '-c', 'print(7)'], "
+    "capture_output=True)\n    return out.stdout.decode().strip()\n"
+)
 NOBODY_RUN = """import json, sys
 sys.path.insert(0, sys.argv[1])
 from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits
@@ -165,10 +210,26 @@ def test_honest_threads_and_subprocess_in_user_namespace():
     """Run as uid 65534: RLIMIT_NPROC counts the unshare parent, the launcher and the judge too (same uid), so the
     program still gets exactly its own budget: 2 processes or threads of 512 MB, i.e. one thread or one child."""
     python = _nobody_or_skip()
-    proc = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", python, "-c",
-                           NOBODY_RUN, str(ROOT), json.dumps(THREADS), json.dumps(SUBPROCESS)],
-                          capture_output=True, timeout=300, cwd="/",
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    proc = subprocess.run(
+        [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            python,
+            "-c",
+            NOBODY_RUN,
+            str(ROOT),
+            json.dumps(THREADS),
+            json.dumps(SUBPROCESS),
+        ],
+        capture_output=True,
+        timeout=300,
+        cwd="/",
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     result = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     described = result["describe"]

@@ -23,8 +23,27 @@ def _no_refs(obj):
     raise AssertionError(f"unexpected ref for {obj!r}")
 
 
-PLAIN = [None, True, False, 0, -7, 2 ** 200, -(2 ** 70), 1.5, float("inf"), float("-inf"), "", "ünï", b"\x00\xff",
-         3 + 4j, [1, [2, [3]]], (1, "a"), {1, 2}, frozenset({"x"}), {"k": [1, (2,)], 3: None, (1, 2): {4}}]
+PLAIN = [
+    None,
+    True,
+    False,
+    0,
+    -7,
+    2**200,
+    -(2**70),
+    1.5,
+    float("inf"),
+    float("-inf"),
+    "",
+    "ünï",
+    b"\x00\xff",
+    3 + 4j,
+    [1, [2, [3]]],
+    (1, "a"),
+    {1, 2},
+    frozenset({"x"}),
+    {"k": [1, (2,)], 3: None, (1, 2): {4}},
+]
 
 
 @pytest.mark.parametrize("value", PLAIN, ids=[repr(v)[:20] for v in PLAIN])
@@ -83,11 +102,17 @@ class _Color(enum.IntEnum):
 
 
 SUBCLASSED = [
-    (collections.Counter("aab"), {"a": 2, "b": 1}), (collections.defaultdict(list, {1: [2]}), {1: [2]}),
+    (collections.Counter("aab"), {"a": 2, "b": 1}),
+    (collections.defaultdict(list, {1: [2]}), {1: [2]}),
     (collections.OrderedDict([(2, "b"), (1, "a")]), {2: "b", 1: "a"}),
-    (collections.deque([1, 2]), [1, 2]), (_Color.RED, 3),
-    (_Liar(5), 5), (_LyingStr("ab"), "ab"), (_LyingList([1, 2]), [1, 2]), (type("F", (float,), {})(1.5), 1.5),
-    (type("B", (bytes,), {})(b"\x01"), b"\x01"), ([_Liar(1), {_LyingStr("k"): (_Color.RED,)}], [1, {"k": (3,)}]),
+    (collections.deque([1, 2]), [1, 2]),
+    (_Color.RED, 3),
+    (_Liar(5), 5),
+    (_LyingStr("ab"), "ab"),
+    (_LyingList([1, 2]), [1, 2]),
+    (type("F", (float,), {})(1.5), 1.5),
+    (type("B", (bytes,), {})(b"\x01"), b"\x01"),
+    ([_Liar(1), {_LyingStr("k"): (_Color.RED,)}], [1, {"k": (3,)}]),
 ]
 
 
@@ -123,11 +148,26 @@ def _exact_types(x):
     return type(x) in (type(None), bool, int, float, str, bytes, complex)
 
 
-@pytest.mark.parametrize("bad", [{"tuple": [1], "set": [1]}, {"eval": "1"}, {"int": 5}, {"float": "1e9"},
-                                 {"dict": [[1]]}, {"complex": ["a", 1]}, {"ref": "0"}, {"bytes": "zz"},
-                                 {"set": [[1]]}, {"namedtuple": [["_x"], [1]]}, {"namedtuple": [["a", "a"], [1, 2]]},
-                                 {"namedtuple": [["def"], [1]]}, {"namedtuple": [["a=1"], [1]]},
-                                 {"namedtuple": [["a"], [1, 2]]}, {"namedtuple": [[1], [1]]}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"tuple": [1], "set": [1]},
+        {"eval": "1"},
+        {"int": 5},
+        {"float": "1e9"},
+        {"dict": [[1]]},
+        {"complex": ["a", 1]},
+        {"ref": "0"},
+        {"bytes": "zz"},
+        {"set": [[1]]},
+        {"namedtuple": [["_x"], [1]]},
+        {"namedtuple": [["a", "a"], [1, 2]]},
+        {"namedtuple": [["def"], [1]]},
+        {"namedtuple": [["a=1"], [1]]},
+        {"namedtuple": [["a"], [1, 2]]},
+        {"namedtuple": [[1], [1]]},
+    ],
+)
 def test_decode_rejects_what_encode_cannot_produce(bad):
     with pytest.raises((ValueError, TypeError)):
         decode(bad, lambda n: n)
@@ -143,8 +183,14 @@ def test_deep_nesting_is_refused():
 
 def test_remote_handles_refuse_comparisons_and_membership():
     handle = Remote(channel=None, ref=0)
-    for compare in (lambda: handle == 3, lambda: handle != 3, lambda: 3 == handle, lambda: handle < 1,
-                    lambda: 1 in handle, lambda: handle in [1, 2]):
+    for compare in (
+        lambda: handle == 3,
+        lambda: handle != 3,
+        lambda: 3 == handle,
+        lambda: handle < 1,
+        lambda: 1 in handle,
+        lambda: handle in [1, 2],
+    ):
         with pytest.raises(TypeError):
             compare()
     assert handle is not None and {handle: 1}[handle] == 1  # identity and hashing still work
@@ -163,8 +209,10 @@ def _namespace(test: str, names: dict) -> _TestNamespace:
 
 
 def test_free_names_leave_out_what_the_test_binds():
-    tree = ast.parse("def check(candidate):\n    assert candidate(2) == f(2)\nimport math as m\nx = 1\n"
-                     "for i in range(x):\n    check(pow)\ntry:\n    g()\nexcept ValueError as e:\n    print(e, m)")
+    tree = ast.parse(
+        "def check(candidate):\n    assert candidate(2) == f(2)\nimport math as m\nx = 1\n"
+        "for i in range(x):\n    check(pow)\ntry:\n    g()\nexcept ValueError as e:\n    print(e, m)"
+    )
     assert _free_names(tree) == {"f", "range", "pow", "g", "ValueError", "print"}
 
 

@@ -15,15 +15,20 @@ from rlvr.rewards.sandbox import LocalSandboxExecutor, SandboxLimits
 from rlvr.rewards.sandbox_uids import SAMPLE_UID_BASE, NoFreeUid, UidPool
 
 ROOT = Path(__file__).resolve().parents[2]
-HOLDER = ("import sys\nsys.path.insert(0, sys.argv[1])\nfrom rlvr.rewards.sandbox_uids import UidPool\n"
-          "uids = UidPool(sys.argv[2], num_slots=int(sys.argv[3])).reserve()\nprint(uids.program, flush=True)\n"
-          "sys.stdin.read()\n")
+HOLDER = (
+    "import sys\nsys.path.insert(0, sys.argv[1])\nfrom rlvr.rewards.sandbox_uids import UidPool\n"
+    "uids = UidPool(sys.argv[2], num_slots=int(sys.argv[3])).reserve()\nprint(uids.program, flush=True)\n"
+    "sys.stdin.read()\n"
+)
 
 
 def _holder(lock_file: str, num_slots: int) -> tuple[subprocess.Popen, int]:
     """Another process (a second verifier worker) holding one reservation until its stdin closes."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(ROOT), lock_file, str(num_slots)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(ROOT), lock_file, str(num_slots)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     return proc, int(proc.stdout.readline())
 
 

@@ -10,9 +10,24 @@ from rlvr.rewards.scorer import RewardFunctionSpec, RewardScorer, RewardsSetting
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-BUILTINS = {"math", "math_boxed_strict", "gsm8k", "ifeval", "code", "code_binary", "format_think_answer",
-            "format_partial", "tag_count", "reasoning_steps", "length", "cosine_length", "soft_overlong",
-            "repetition", "exact_match", "f1"}
+BUILTINS = {
+    "math",
+    "math_boxed_strict",
+    "gsm8k",
+    "ifeval",
+    "code",
+    "code_binary",
+    "format_think_answer",
+    "format_partial",
+    "tag_count",
+    "reasoning_steps",
+    "length",
+    "cosine_length",
+    "soft_overlong",
+    "repetition",
+    "exact_match",
+    "f1",
+}
 
 
 def test_builtins_registered():
@@ -34,8 +49,11 @@ def test_register_and_import_path():
     def rw_test_len(completion_text, metadata, scale: float = 1.0):
         return scale * len(completion_text)
 
-    scorer = RewardScorer(RewardsSettings(functions=[RewardFunctionSpec("rw_test_len", 0.5, {"scale": 2.0}),
-                                                     RewardFunctionSpec("rw_helpers:crash")]))
+    scorer = RewardScorer(
+        RewardsSettings(
+            functions=[RewardFunctionSpec("rw_test_len", 0.5, {"scale": 2.0}), RewardFunctionSpec("rw_helpers:crash")]
+        )
+    )
     result = scorer.score("abc", {})
     assert result.scores == {"rw_test_len": 6.0, "rw_helpers:crash": 0.5}
     assert result.total == pytest.approx(3.5) and result.correct is None and result.status == "ok"
@@ -43,8 +61,9 @@ def test_register_and_import_path():
 
 
 def test_routing_weights_and_primary():
-    scorer = RewardScorer(RewardsSettings(functions=[RewardFunctionSpec("format_partial", 0.5),
-                                                     RewardFunctionSpec("gsm8k", 2.0)]))
+    scorer = RewardScorer(
+        RewardsSettings(functions=[RewardFunctionSpec("format_partial", 0.5), RewardFunctionSpec("gsm8k", 2.0)])
+    )
     result = scorer.score("<think>a</think> 12", {"verifier": ["math", "gsm8k"], "ground_truth": ["7", "12"]})
     # gsm8k is configured and routed: scored once, weight 2, with its paired ground truth.
     assert result.scores == {"format_partial": 0.5, "gsm8k": 1.0, "math": 0.0}

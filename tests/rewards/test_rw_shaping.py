@@ -42,16 +42,51 @@ CASES = [
     ("repetition", "a b", {}, {}, 0.0),
     ("repetition", "", {}, {}, 0.0),
     ("repetition", BIG, {}, {"max_penalty": -0.5}, -0.5 * (1 - 1 / 19998)),
-    ("length", r"\boxed{1}", {"ground_truth": "1", "completion_token_ids": [0] * 10}, {"min_tokens": 10, "max_tokens": 110}, 0.5),
-    ("length", r"\boxed{1}", {"ground_truth": "1", "completion_token_ids": [0] * 110}, {"min_tokens": 10, "max_tokens": 110}, -0.5),
-    ("length", r"\boxed{2}", {"ground_truth": "1", "completion_token_ids": [0] * 10}, {"min_tokens": 10, "max_tokens": 110}, 0.0),
-    ("length", r"\boxed{2}", {"ground_truth": "1", "completion_token_ids": [0] * 110}, {"min_tokens": 10, "max_tokens": 110}, -0.5),
-    ("length", "x", {"completion_token_ids": [0] * 60, "group_min_tokens": 10, "group_max_tokens": 110},
-     {"verifier": "none"}, 0.0),
+    (
+        "length",
+        r"\boxed{1}",
+        {"ground_truth": "1", "completion_token_ids": [0] * 10},
+        {"min_tokens": 10, "max_tokens": 110},
+        0.5,
+    ),
+    (
+        "length",
+        r"\boxed{1}",
+        {"ground_truth": "1", "completion_token_ids": [0] * 110},
+        {"min_tokens": 10, "max_tokens": 110},
+        -0.5,
+    ),
+    (
+        "length",
+        r"\boxed{2}",
+        {"ground_truth": "1", "completion_token_ids": [0] * 10},
+        {"min_tokens": 10, "max_tokens": 110},
+        0.0,
+    ),
+    (
+        "length",
+        r"\boxed{2}",
+        {"ground_truth": "1", "completion_token_ids": [0] * 110},
+        {"min_tokens": 10, "max_tokens": 110},
+        -0.5,
+    ),
+    (
+        "length",
+        "x",
+        {"completion_token_ids": [0] * 60, "group_min_tokens": 10, "group_max_tokens": 110},
+        {"verifier": "none"},
+        0.0,
+    ),
     ("cosine_length", r"\boxed{1}", {"ground_truth": "1", "completion_token_ids": []}, {"max_tokens": 100}, 1.0),
     ("cosine_length", r"\boxed{1}", {"ground_truth": "1", "completion_token_ids": [0] * 100}, {"max_tokens": 100}, 0.5),
     ("cosine_length", r"\boxed{2}", {"ground_truth": "1", "completion_token_ids": []}, {"max_tokens": 100}, -1.0),
-    ("cosine_length", r"\boxed{2}", {"ground_truth": "1", "completion_token_ids": [0] * 500}, {"max_tokens": 100}, -0.5),
+    (
+        "cosine_length",
+        r"\boxed{2}",
+        {"ground_truth": "1", "completion_token_ids": [0] * 500},
+        {"max_tokens": 100},
+        -0.5,
+    ),
     ("exact_match", "<answer>The Eiffel Tower!</answer>", {"ground_truth": "eiffel tower"}, {}, 1.0),
     ("exact_match", "<think><answer>Paris</answer></think>Lyon", {"ground_truth": "Paris"}, {}, 0.0),
     ("exact_match", "Paris", {"ground_truth": ["London", "paris"]}, {}, 1.0),
@@ -64,8 +99,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,completion,metadata,params,expected", CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "name,completion,metadata,params,expected", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
 def test_shaping(name, completion, metadata, params, expected):
     assert get_reward(name).fn(completion, metadata, **params) == pytest.approx(expected)
 

@@ -16,8 +16,17 @@ def _req(pid: str) -> PromptRequest:
 
 
 def _sample(pid: str) -> Sample:
-    return Sample(prompt_id=pid, sample_index=0, prompt_token_ids=[1, 2], completion_token_ids=[3],
-                  completion_text="c", logprobs=[-0.5], finish_reason="stop", version_start=0, version_end=0)
+    return Sample(
+        prompt_id=pid,
+        sample_index=0,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        completion_text="c",
+        logprobs=[-0.5],
+        finish_reason="stop",
+        version_start=0,
+        version_end=0,
+    )
 
 
 def _ok() -> None:

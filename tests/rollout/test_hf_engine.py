@@ -146,7 +146,10 @@ def test_poll_returns_whole_groups_in_order(make_engine: Make) -> None:
         r = req_by_id[s.prompt_id]
         assert (s.engine_id, s.version_start, s.version_end) == (7, 0, 0)
         assert (s.metadata, s.is_eval, s.prompt_text, s.prompt_token_ids) == (
-            r.metadata, r.is_eval, r.prompt_text, r.prompt_token_ids
+            r.metadata,
+            r.is_eval,
+            r.prompt_text,
+            r.prompt_token_ids,
         )
         assert s.completion_text == engine.tokenizer.decode(s.completion_token_ids, skip_special_tokens=True)
     stats = engine.stats()

@@ -17,8 +17,10 @@ SPEC = lora.LoraSpec(rank=12, alpha=24, dropout=0.0, target_modules=("q_proj", "
 def test_adapter_directories_are_peft_format_and_only_the_last_two_are_kept(tmp_path):
     store = lora.SharedMemoryAdapters(SPEC, str(tmp_path / "base"), "t")
     try:
-        named = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", torch.ones(12, 8)),
-                 ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", torch.zeros(8, 12))]
+        named = [
+            ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", torch.ones(12, 8)),
+            ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", torch.zeros(8, 12)),
+        ]
         first = store.write(named, 1)
         config, tensors = lora.read_adapter_dir(first)
         assert (config["r"], config["lora_alpha"], sorted(config["target_modules"])) == (12, 24, ["q_proj", "v_proj"])
@@ -50,8 +52,12 @@ def test_safetensors_written_from_memory_read_back_with_the_safetensors_library(
 
     flat = torch.randn(64).to(torch.bfloat16)
     a, b = torch.split(flat, [24, 40])
-    named = [("x.lora_A.weight", a.view(4, 6)), ("x.lora_B.weight", b.view(8, 5)),
-             ("y.lora_A.weight", torch.randn(3, 7)), ("y.lora_B.weight", torch.randn(2, 3).half())]
+    named = [
+        ("x.lora_A.weight", a.view(4, 6)),
+        ("x.lora_B.weight", b.view(8, 5)),
+        ("y.lora_A.weight", torch.randn(3, 7)),
+        ("y.lora_B.weight", torch.randn(2, 3).half()),
+    ]
     lora.write_safetensors(named, tmp_path / "a.safetensors")
     got = load_file(str(tmp_path / "a.safetensors"))
     assert sorted(got) == sorted(n for n, _ in named)
@@ -89,6 +95,8 @@ def test_a_rank_vllm_cannot_serve_is_refused():
 
 
 def test_peft_names_map_to_live_parameter_names():
-    assert lora.module_name("base_model.model.model.layers.3.mlp.down_proj.lora_B.weight") == \
-        "base_model.model.model.layers.3.mlp.down_proj.lora_B.default.weight"
+    assert (
+        lora.module_name("base_model.model.model.layers.3.mlp.down_proj.lora_B.weight")
+        == "base_model.model.model.layers.3.mlp.down_proj.lora_B.default.weight"
+    )
     assert lora.module_name("base_model.model.lm_head.weight") == "base_model.model.lm_head.weight"

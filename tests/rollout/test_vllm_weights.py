@@ -82,8 +82,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> type[FakeAsyncLLM]:
         m.__dict__.update(attrs)
         monkeypatch.setitem(sys.modules, name, m)
 
-    for name in ("vllm", "vllm.engine", "vllm.v1", "vllm.v1.engine", "vllm.distributed",
-                 "vllm.distributed.weight_transfer", "vllm.lora"):
+    for name in (
+        "vllm",
+        "vllm.engine",
+        "vllm.v1",
+        "vllm.v1.engine",
+        "vllm.distributed",
+        "vllm.distributed.weight_transfer",
+        "vllm.lora",
+    ):
         mod(name)
     mod("vllm.config", WeightTransferConfig=_Req)
     mod("vllm.engine.arg_utils", AsyncEngineArgs=_Req)
@@ -112,17 +119,26 @@ def test_nccl_update_order(fake_vllm: type[FakeAsyncLLM], inflight: bool) -> Non
     engine = make_engine(inflight)
     try:
         receiver = make_receiver("nccl", engine, addr="10.0.0.1", port=1234, rank=3, world_size=5)
-        assert engine._llm.inits == [{"master_address": "10.0.0.1", "master_port": 1234, "rank_offset": 3,
-                                      "world_size": 5}]
+        assert engine._llm.inits == [
+            {"master_address": "10.0.0.1", "master_port": 1234, "rank_offset": 3, "world_size": 5}
+        ]
         meta = {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2]]}
         out = receiver.receive(7, meta)
-        want = ["pause keep", "start", "update", "finish", "resume"] if inflight else \
-            ["pause wait", "start", "update", "finish", "reset prefix cache", "resume"]
+        want = (
+            ["pause keep", "start", "update", "finish", "resume"]
+            if inflight
+            else ["pause wait", "start", "update", "finish", "reset prefix cache", "resume"]
+        )
         assert fake_vllm.log == want
         assert engine._llm.updates == [{**meta, "packed": True}]
         assert engine.policy_version == 7 and engine.stats()["num_updates"] == 1
-        assert {"sync/pause_s", "sync/receive_load_s", "sync/finish_s", "sync/engine_total_s",
-                "sync/load_s"} <= out.keys()
+        assert {
+            "sync/pause_s",
+            "sync/receive_load_s",
+            "sync/finish_s",
+            "sync/engine_total_s",
+            "sync/load_s",
+        } <= out.keys()
     finally:
         engine.shutdown()
 
@@ -156,8 +172,10 @@ def test_lora_adapter_replaced_in_place(fake_vllm: type[FakeAsyncLLM]) -> None:
 
     engine = make_engine(lora_rank=4)
     try:
-        named = [("base_model.model.q.lora_A.weight", torch.ones(4, 8)),
-                 ("base_model.model.q.lora_B.weight", torch.zeros(8, 4))]
+        named = [
+            ("base_model.model.q.lora_A.weight", torch.ones(4, 8)),
+            ("base_model.model.q.lora_B.weight", torch.zeros(8, 4)),
+        ]
         engine.load_adapter(named, 4)
         assert fake_vllm.log == ["pause keep", "add_lora", "resume"]  # no weight-transfer session for an adapter
         req = engine._llm.loras[0]

@@ -18,10 +18,25 @@ from rlvr.telemetry.logs import CONSOLE, get_logger, setup_logging
 from rlvr.telemetry.summary import summary_lines
 
 FIXTURE_RUN = Path(__file__).resolve().parents[1] / "fixtures" / "run_tiny"
-SHORT = ["--num-steps", "3", "--rollout.prompts-per-step", "4", "--eval.max-prompts", "8",
-         "--logging.run-name", "console"]
-CHATTER = ("Loading weights", "Writing model shards", "Connecting to existing Ray cluster", "Connected to Ray cluster",
-           "Setting accelerator to CPU", "policy version", "eval of step")
+SHORT = [
+    "--num-steps",
+    "3",
+    "--rollout.prompts-per-step",
+    "4",
+    "--eval.max-prompts",
+    "8",
+    "--logging.run-name",
+    "console",
+]
+CHATTER = (
+    "Loading weights",
+    "Writing model shards",
+    "Connecting to existing Ray cluster",
+    "Connected to Ray cluster",
+    "Setting accelerator to CPU",
+    "policy version",
+    "eval of step",
+)
 
 
 def _train(tmp_path: Path, *extra: str, own_cluster: bool) -> subprocess.CompletedProcess:
@@ -46,8 +61,10 @@ def test_console_quiet_and_summary_names_what_exists(tmp_path: Path) -> None:
     assert f"rlvr eval --model {ckpt} --output {run / 'eval_out'}" in out.stdout
     last_eval = json.loads((run / "eval.jsonl").read_text().splitlines()[-1])
     assert last_eval["step"] == 3
-    assert f"final eval   step 3: reward {last_eval['eval/reward_mean']:.3f}  pass@1 {last_eval['eval/pass@1']:.3f}" \
+    assert (
+        f"final eval   step 3: reward {last_eval['eval/reward_mean']:.3f}  pass@1 {last_eval['eval/pass@1']:.3f}"
         in out.stdout
+    )
     err = out.stderr
     assert f"run directory {run}" in err
     assert [ln for ln in err.splitlines() if ln.startswith("step ")][-1].startswith("step 3/3 reward ")
@@ -121,8 +138,10 @@ def test_summary_reads_the_last_eval_record() -> None:
     ks = sorted(int(k.rsplit("@", 1)[1]) for k in last if k.startswith("eval/pass@"))
     assert ks[0] == 1 and len(ks) > 1  # the fixture's eval samples k = 4: pass@1, @2, @4
     pass_at = "  ".join(f"pass@{k} {last[f'eval/pass@{k}']:.3f}" for k in ks)
-    assert line == (f"  final eval   step {last['step']}: reward {last['eval/reward_mean']:.3f}  {pass_at} "
-                    f"over {int(last['eval/num_prompts'])} prompts")
+    assert line == (
+        f"  final eval   step {last['step']}: reward {last['eval/reward_mean']:.3f}  {pass_at} "
+        f"over {int(last['eval/num_prompts'])} prompts"
+    )
     assert "train        reward n/a" in "\n".join(lines)
 
 

@@ -28,11 +28,38 @@ FIXTURE = REPO / "tests" / "fixtures" / "run_tiny"
 ARTIFACTS = Path(os.environ.get("RLVR_TEST_ARTIFACTS", REPO / "test-artifacts"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-CHARTS = ["reward", "correct", "eval", "eval-breakdown", "length", "kl", "entropy", "clip", "policy-loss", "lr",
-          "grad-norm", "drift", "advantage", "staleness", "throughput", "time", "packing", "explore"]
-HEADLESS_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--window-size=1400,2400"]
+CHARTS = [
+    "reward",
+    "correct",
+    "eval",
+    "eval-breakdown",
+    "length",
+    "kl",
+    "entropy",
+    "clip",
+    "policy-loss",
+    "lr",
+    "grad-norm",
+    "drift",
+    "advantage",
+    "staleness",
+    "throughput",
+    "time",
+    "packing",
+    "explore",
+]
+HEADLESS_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,2400",
+]
 OFFLINE_FLAGS = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
 
 
@@ -103,12 +130,15 @@ def _points(driver: Any, chart: str) -> int:
 
 
 def _rows(driver: Any) -> list[str]:
-    return driver.execute_script("return [...document.querySelectorAll('#samples-table tbody tr')].map(r => r.innerText)")
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#samples-table tbody tr')].map(r => r.innerText)"
+    )
 
 
 def _select(driver: Any, element_id: str, value: str) -> None:
-    driver.execute_script(f"const s = document.getElementById('{element_id}'); s.value = '{value}'; "
-                          "s.dispatchEvent(new Event('input'))")
+    driver.execute_script(
+        f"const s = document.getElementById('{element_id}'); s.value = '{value}'; s.dispatchEvent(new Event('input'))"
+    )
 
 
 def _copy_run(tmp: Path, name: str) -> Path:
@@ -134,14 +164,17 @@ def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callab
     for chart in CHARTS:
         assert _points(browser, chart) > 0, f"chart {chart} has no data points"
     evals = _lines(run / "eval.jsonl")
-    assert _points(browser, "reward") == _count(metrics, lambda k: k.startswith("reward/") and k.endswith("_mean")) + \
-        _count(evals, lambda k: k == "eval/reward_mean")
+    assert _points(browser, "reward") == _count(
+        metrics, lambda k: k.startswith("reward/") and k.endswith("_mean")
+    ) + _count(evals, lambda k: k == "eval/reward_mean")
     assert _points(browser, "kl") == _count(metrics, lambda k: k == "loss/kl")
     assert browser.execute_script("return document.querySelectorAll('#chart-kl path.series').length") == 1
     assert browser.execute_script("return document.querySelectorAll('#chart-length .sample-dot').length") == sum(
-        "completion_len" in s for s in samples)
+        "completion_len" in s for s in samples
+    )
     assert browser.execute_script("return document.querySelectorAll('#chart-time rect.bar').length") == _count(
-        metrics, lambda k: k.startswith("time/") and k != "time/step")
+        metrics, lambda k: k.startswith("time/") and k != "time/step"
+    )
 
     eval_samples = _lines(run / "eval_samples.jsonl")
     assert len(_rows(browser)) == len(samples) + len(eval_samples)
@@ -155,11 +188,17 @@ def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callab
     assert 0 < len(hits) < len(samples) and all(needle in r for r in _rows(browser))
     box.clear()
     browser.execute_script("document.getElementById('f-text').dispatchEvent(new Event('input'))")
-    browser.execute_script("const s = document.getElementById('f-correct'); s.value = '1'; s.dispatchEvent(new Event('input'))")
+    browser.execute_script(
+        "const s = document.getElementById('f-correct'); s.value = '1'; s.dispatchEvent(new Event('input'))"
+    )
     _wait(lambda: len(_rows(browser)) == sum(bool(s["correct"]) for s in samples), what="outcome filter")
-    browser.execute_script("const s = document.getElementById('f-correct'); s.value = ''; s.dispatchEvent(new Event('input'))")
+    browser.execute_script(
+        "const s = document.getElementById('f-correct'); s.value = ''; s.dispatchEvent(new Event('input'))"
+    )
     step = samples[0]["step"]
-    browser.execute_script(f"const s = document.getElementById('f-step'); s.value = '{step}'; s.dispatchEvent(new Event('input'))")
+    browser.execute_script(
+        f"const s = document.getElementById('f-step'); s.value = '{step}'; s.dispatchEvent(new Event('input'))"
+    )
     _wait(lambda: len(_rows(browser)) == sum(s["step"] == step for s in samples), what="step filter")
     assert 0 < len(_rows(browser)) < len(samples)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -178,9 +217,12 @@ def test_live_page_charts_table_filters_and_refresh(browser: Any, served: Callab
     with (run / "samples.jsonl").open("a") as f:
         f.write(json.dumps(dict(samples[-1], step=new["step"], prompt="a fresh prompt")) + "\n")
     _wait(lambda: _points(browser, "kl") == num_kl + 1, what="live refresh of metrics")
-    assert _points(browser, "reward") == _count(metrics + [new], lambda k: k.startswith("reward/") and k.endswith("_mean")) \
-        + _count(evals, lambda k: k == "eval/reward_mean")
-    browser.execute_script("const s = document.getElementById('f-step'); s.value = ''; s.dispatchEvent(new Event('input'))")
+    assert _points(browser, "reward") == _count(
+        metrics + [new], lambda k: k.startswith("reward/") and k.endswith("_mean")
+    ) + _count(evals, lambda k: k == "eval/reward_mean")
+    browser.execute_script(
+        "const s = document.getElementById('f-step'); s.value = ''; s.dispatchEvent(new Event('input'))"
+    )
     _wait(lambda: len(_rows(browser)) == len(samples) + 1, what="live refresh of samples")
 
 
@@ -196,7 +238,8 @@ def test_two_runs_overlay(browser: Any, served: Callable[..., str], tmp_path: Pa
     num_entropy = _count(metrics, lambda k: k == "loss/entropy")
     assert num_entropy > 0 and _points(browser, "entropy") == 2 * num_entropy
     dashes = browser.execute_script(
-        "return [...document.querySelectorAll('#chart-kl path.series')].map(p => p.getAttribute('stroke-dasharray'))")
+        "return [...document.querySelectorAll('#chart-kl path.series')].map(p => p.getAttribute('stroke-dasharray'))"
+    )
     assert len(set(dashes)) == 2
     # Hiding a run removes its series.
     browser.execute_script("document.querySelector('#runs input').click()")
@@ -229,8 +272,9 @@ def _js(driver: Any, script: str) -> Any:
     return driver.execute_script("return " + script)
 
 
-def test_panels_config_axes_smoothing_and_eval_completions(browser: Any, served: Callable[..., str],
-                                                           tmp_path: Path) -> None:
+def test_panels_config_axes_smoothing_and_eval_completions(
+    browser: Any, served: Callable[..., str], tmp_path: Path
+) -> None:
     """The panels a wandb GRPO page has, with the fixture run's data: LR, grad norm, drift/TIS, advantages, eval
     overlaid on the train reward, axis labels, a step / wall-time toggle, smoothing, the config, eval completions."""
     run = _copy_run(tmp_path, "run_tiny")
@@ -238,9 +282,12 @@ def test_panels_config_axes_smoothing_and_eval_completions(browser: Any, served:
     eval_samples = _lines(run / "eval_samples.jsonl")
     browser.get(served(run))
     _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
-    expected = {"lr": lambda k: k == "learner/lr", "grad-norm": lambda k: k == "learner/grad_norm",
-                "drift": lambda k: k.startswith(("loss/logprob_drift", "loss/tis_")),
-                "advantage": lambda k: k.startswith("data/advantage")}
+    expected = {
+        "lr": lambda k: k == "learner/lr",
+        "grad-norm": lambda k: k == "learner/grad_norm",
+        "drift": lambda k: k.startswith(("loss/logprob_drift", "loss/tis_")),
+        "advantage": lambda k: k.startswith("data/advantage"),
+    }
     for chart, keys in expected.items():
         assert _count(metrics, keys) > 0 and _points(browser, chart) == _count(metrics, keys), chart
     assert "learner/lr" not in _js(browser, "document.querySelector('#chart-drift .legend').innerText")
@@ -257,13 +304,17 @@ def test_panels_config_axes_smoothing_and_eval_completions(browser: Any, served:
     before = _js(browser, "document.querySelector('#chart-kl path.series').getAttribute('d')")
     num_kl = _points(browser, "kl")
     _select(browser, "x-axis", "wall")
-    _wait(lambda: _js(browser, "document.querySelector('#chart-kl .x-label').textContent") == "wall time (min)",
-          what="wall-time axis")
+    _wait(
+        lambda: _js(browser, "document.querySelector('#chart-kl .x-label').textContent") == "wall time (min)",
+        what="wall-time axis",
+    )
     assert _points(browser, "kl") == num_kl
     assert _js(browser, "document.querySelector('#chart-kl path.series').getAttribute('d')") != before
     _select(browser, "x-axis", "step")
-    _wait(lambda: _js(browser, "document.querySelector('#chart-kl .x-label').textContent") == "step",
-          what="step axis again")
+    _wait(
+        lambda: _js(browser, "document.querySelector('#chart-kl .x-label').textContent") == "step",
+        what="step axis again",
+    )
     assert _points(browser, "kl") == num_kl
     # smoothing bends the line, keeps the raw points
     path = "document.querySelector('#chart-entropy path.series').getAttribute('d')"

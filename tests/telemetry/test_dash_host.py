@@ -37,16 +37,37 @@ def _get(port: int, path: str, host: str | None) -> int:
 
 def test_dashboard_serves_loopback_hosts(server):
     port = server.server_address[1]
-    for host in ("127.0.0.1", f"127.0.0.1:{port}", "localhost", f"LOCALHOST:{port}", f"[::1]:{port}", "[::1]",
-                 f"localhost:{port + 1}", "localhost:9000", "127.0.0.1:9000", "[::1]:9000"):  # forwarded ports
+    for host in (
+        "127.0.0.1",
+        f"127.0.0.1:{port}",
+        "localhost",
+        f"LOCALHOST:{port}",
+        f"[::1]:{port}",
+        "[::1]",
+        f"localhost:{port + 1}",
+        "localhost:9000",
+        "127.0.0.1:9000",
+        "[::1]:9000",
+    ):  # forwarded ports
         assert _get(port, "/api/data", host) == 200, host
         assert _get(port, "/", host) == 200, host
 
 
 def test_dashboard_refuses_other_hosts(server):
     port = server.server_address[1]
-    for host in ("evil.example", f"evil.example:{port}", f"127.0.0.1.evil.example:{port}",
-                 "localhost.evil.example:9000", "evil.example:9000", "localhost:", "localhost:abc", "[::1]x", "[::1", "", None):
+    for host in (
+        "evil.example",
+        f"evil.example:{port}",
+        f"127.0.0.1.evil.example:{port}",
+        "localhost.evil.example:9000",
+        "evil.example:9000",
+        "localhost:",
+        "localhost:abc",
+        "[::1]x",
+        "[::1",
+        "",
+        None,
+    ):
         assert _get(port, "/api/data", host) == 403, host
         assert _get(port, "/", host) == 403, host
 

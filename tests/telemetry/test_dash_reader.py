@@ -71,8 +71,10 @@ def test_http_server_serves_page_and_api() -> None:
         page = urllib.request.urlopen(base + "/", timeout=10).read().decode()
         assert "/*__RLVR_DATA__*/null" in page  # live page: no embedded data, polls the API
         data = json.load(urllib.request.urlopen(base + "/api/data", timeout=10))
-        counts = {k: len((FIXTURE / f"{k}.jsonl").read_text().splitlines())
-                  for k in ("metrics", "eval", "samples", "eval_samples")}
+        counts = {
+            k: len((FIXTURE / f"{k}.jsonl").read_text().splitlines())
+            for k in ("metrics", "eval", "samples", "eval_samples")
+        }
         assert {k: len(f["records"]) for k, f in data["runs"][0]["files"].items()} == counts
         # the first poll also gets the run's config (the config panel, "KL off"); later polls do not
         assert data["runs"][0]["config_text"] == (FIXTURE / "config.yaml").read_text()
@@ -99,8 +101,25 @@ def test_export_is_self_contained(tmp_path: Path, capsys: pytest.CaptureFixture[
     urls = {w for w in html.replace('"', " ").split() if w.startswith(("http://", "https://"))}
     assert urls == {"http://www.w3.org/2000/svg"}  # the SVG namespace name, never fetched
     # Text that would close the script tag is escaped.
-    page = render_page({"runs": [{"id": 0, "name": "r", "dir": "d", "files": {
-        "samples": {"epoch": 0, "reset": False, "bad_lines": 0, "records": [{"completion": "</script><b>"}]}}}]})
+    page = render_page(
+        {
+            "runs": [
+                {
+                    "id": 0,
+                    "name": "r",
+                    "dir": "d",
+                    "files": {
+                        "samples": {
+                            "epoch": 0,
+                            "reset": False,
+                            "bad_lines": 0,
+                            "records": [{"completion": "</script><b>"}],
+                        }
+                    },
+                }
+            ]
+        }
+    )
     assert "</script><b>" not in page and "<\\/script><b>" in page
 
 

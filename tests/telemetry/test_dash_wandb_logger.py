@@ -40,8 +40,18 @@ def test_offline_run_logs_and_resumes_same_id(tmp_path: Path, monkeypatch: pytes
     assert logger.run.config["num_steps"] == 5
     for step in (1, 2):
         logger.log(step, {"reward/total_mean": 0.1 * step, "loss/kl": 0.01})
-    samples = [{"step": 2, "prompt_id": "copy:0:0", "prompt": "p", "completion": "c", "scores": {"copy": 1.0},
-                "total": 1.0, "advantage": 0.5, "correct": True}]
+    samples = [
+        {
+            "step": 2,
+            "prompt_id": "copy:0:0",
+            "prompt": "p",
+            "completion": "c",
+            "scores": {"copy": 1.0},
+            "total": 1.0,
+            "advantage": 0.5,
+            "correct": True,
+        }
+    ]
     assert not logger.log_samples(1, samples)  # not due (every 2 steps)
     assert logger.log_samples(2, samples)
     assert logger.run.summary[STEP_KEY] == 2 and logger.run.summary["loss/kl"] == 0.01

@@ -71,8 +71,16 @@ def test_wandb_offline_table_interval_and_clean_exit(tmp_path: Path, monkeypatch
     log = RunLog(tmp_path / "run", 6, cfg.logging, wb)
     log.baseline({"eval/reward_mean": 0.25})
     assert wb.run.summary["eval/reward_mean"] == 0.25 and wb.run.summary["train/step"] == 0
-    sample = {"step": 1, "prompt_id": "p0", "prompt": "p", "completion": "c", "scores": {"copy": 1.0}, "total": 1.0,
-              "advantage": 0.0, "correct": True}
+    sample = {
+        "step": 1,
+        "prompt_id": "p0",
+        "prompt": "p",
+        "completion": "c",
+        "scores": {"copy": 1.0},
+        "total": 1.0,
+        "advantage": 0.0,
+        "correct": True,
+    }
     due = [wb.log_samples(step, [dict(sample, step=step)]) for step in range(1, 7)]
     assert due == [False, False, True, False, False, True]
     assert default_config().logging.wandb_table_every_n_steps > 1  # not a table every step by default

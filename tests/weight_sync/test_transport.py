@@ -273,17 +273,32 @@ def build(kind: str, log: Log, tmp_path: Path, num_learners: int = 2) -> tuple[S
     meta = weight_metadata(weights(), wire_dtype=None)
     if kind == "gloo":  # the real group: rank 0's store waits for every engine, so connect them concurrently
         port, world = free_port(), 1 + NUM_ENGINES
-        futs = [POOL.submit(make_sender, "gloo", rank=r, addr="127.0.0.1", port=port, world_size=world, timeout_s=30)
-                for r in range(num_learners)]
-        recv = [POOL.submit(make_receiver, "gloo", e, addr="127.0.0.1", port=port, rank=1 + e.i, world_size=world,
-                            timeout_s=30, lora=True) for e in engines]
+        futs = [
+            POOL.submit(make_sender, "gloo", rank=r, addr="127.0.0.1", port=port, world_size=world, timeout_s=30)
+            for r in range(num_learners)
+        ]
+        recv = [
+            POOL.submit(
+                make_receiver,
+                "gloo",
+                e,
+                addr="127.0.0.1",
+                port=port,
+                rank=1 + e.i,
+                world_size=world,
+                timeout_s=30,
+                lora=True,
+            )
+            for e in engines
+        ]
         senders, receivers = [f.result(60) for f in futs], [f.result(60) for f in recv]
     elif kind == "nccl":
         senders = [NcclSender(r, meta, FakeNcclWeightSender(bus, log) if r == 0 else None) for r in range(num_learners)]
         receivers = [make_receiver("nccl", e, rank=1 + e.i, world_size=1 + NUM_ENGINES) for e in engines]
     elif kind == "ipc":
-        senders = [IpcSender(r, meta, make=lambda deliver: FakeIpcWeightSender(deliver, log))
-                   for r in range(num_learners)]
+        senders = [
+            IpcSender(r, meta, make=lambda deliver: FakeIpcWeightSender(deliver, log)) for r in range(num_learners)
+        ]
         receivers = [make_receiver("ipc", e) for e in engines]
     else:
         senders = [ShmSender(r, FakeAdapters(tmp_path, log) if r == 0 else None) for r in range(num_learners)]
@@ -291,9 +306,11 @@ def build(kind: str, log: Log, tmp_path: Path, num_learners: int = 2) -> tuple[S
     bus["engine_info"] = senders[0].engine_info()
     assert all(isinstance(s, WeightSender) for s in senders) and all(isinstance(r, WeightReceiver) for r in receivers)
     factory = SimpleNamespace(transport="gloo", sync_transport=kind, sync_info=bus["engine_info"], colocated=True)
-    actors = SimpleNamespace(learners=[Handle(FakeLearnerActor(r, log, s)) for r, s in enumerate(senders)],
-                             engines=[Handle(FakeEngineActor(e, rc)) for e, rc in zip(engines, receivers)],
-                             factory=factory)
+    actors = SimpleNamespace(
+        learners=[Handle(FakeLearnerActor(r, log, s)) for r, s in enumerate(senders)],
+        engines=[Handle(FakeEngineActor(e, rc)) for e, rc in zip(engines, receivers)],
+        factory=factory,
+    )
     return actors, engines, bus
 
 
@@ -314,15 +331,21 @@ def test_sync_order_and_result(kind: str, asleep: bool, fake_ray: None, tmp_path
         i = e.i
         first_load, last_load = log.first(f"e{i} load "), log.last(f"e{i} load ")
         # pause -> load -> version stamp -> resume, each tensor loaded after learner rank 0 gathered it
-        assert log.index(f"e{i} pause") < first_load < last_load < log.index(f"e{i} version {VERSION}") \
+        assert (
+            log.index(f"e{i} pause")
+            < first_load
+            < last_load
+            < log.index(f"e{i} version {VERSION}")
             < log.index(f"e{i} resume")
+        )
         for name in want:
             assert log.index(f"r0 gather {name}") < log.index(f"e{i} load {name}")
         if kind == "ipc":  # engines paused before the learners start gathering
             assert log.index(f"e{i} pause") < log.first("r0 gather")
         if asleep:
-            assert log.index(f"e{i} sleep 1") < log.index(f"e{i} wake weights") < log.index(f"e{i} pause") \
-                and log.index(f"e{i} resume") < log.index(f"e{i} wake kv_cache")
+            assert log.index(f"e{i} sleep 1") < log.index(f"e{i} wake weights") < log.index(
+                f"e{i} pause"
+            ) and log.index(f"e{i} resume") < log.index(f"e{i} wake kv_cache")
         else:
             assert not any("wake" in ev for ev in log.events)
     # every learner rank took part in the gathers (ZeRO-3 collectives), rank 1 included
@@ -364,8 +387,12 @@ def test_send_all_drains_the_gathers_when_the_send_fails() -> None:
 
 def test_ranks_above_zero_send_nothing(tmp_path: Path) -> None:
     meta = weight_metadata(weights(), wire_dtype=None)
-    for sender in (NcclSender(1, meta), IpcSender(1, meta, make=lambda d: FakeIpcWeightSender(d, Log())),
-                   ShmSender(1), transport.GlooSender(1)):
+    for sender in (
+        NcclSender(1, meta),
+        IpcSender(1, meta, make=lambda d: FakeIpcWeightSender(d, Log())),
+        ShmSender(1),
+        transport.GlooSender(1),
+    ):
         got = send_all(sender, weights(), VERSION)
         assert got == {} or "sync/seconds" in got  # IPC: every rank shares its own GPU's tensors
         assert sender.engine_info() is None
@@ -386,8 +413,11 @@ def test_factories_know_every_kind_and_refuse_others() -> None:
     for kind in KINDS:
         assert transport.steps(kind) in transport.STEPS.values()
     assert transport.steps("ipc").begin and not transport.steps("shm").concurrent
-    for make in (lambda: make_sender("tcp", rank=0), lambda: make_receiver("tcp", object()),
-                 lambda: transport.steps("tcp")):
+    for make in (
+        lambda: make_sender("tcp", rank=0),
+        lambda: make_receiver("tcp", object()),
+        lambda: transport.steps("tcp"),
+    ):
         with pytest.raises(ValueError, match="unknown weight-sync transport 'tcp'"):
             make()
     engine = FakeEngine(0, Log(), {})
@@ -397,15 +427,18 @@ def test_factories_know_every_kind_and_refuse_others() -> None:
     assert transport.ranks_per_engine("nccl", 4) == 4 and transport.ranks_per_engine("ipc", 4) == 1
 
 
-@pytest.mark.parametrize("gpu,vllm,lora,colocate,one_host,want", [
-    (False, False, False, False, False, "gloo"),
-    (True, False, False, False, False, "gloo"),
-    (True, True, False, False, False, "nccl"),
-    (True, True, False, True, False, "ipc"),
-    (True, True, True, True, False, "gloo"),
-    (True, True, True, False, True, "shm"),
-    (False, False, True, False, True, "shm"),
-])
+@pytest.mark.parametrize(
+    "gpu,vllm,lora,colocate,one_host,want",
+    [
+        (False, False, False, False, False, "gloo"),
+        (True, False, False, False, False, "gloo"),
+        (True, True, False, False, False, "nccl"),
+        (True, True, False, True, False, "ipc"),
+        (True, True, True, True, False, "gloo"),
+        (True, True, True, False, True, "shm"),
+        (False, False, True, False, True, "shm"),
+    ],
+)
 def test_pick_kind(gpu: bool, vllm: bool, lora: bool, colocate: bool, one_host: bool, want: str) -> None:
     assert pick_kind(gpu=gpu, vllm=vllm, lora=lora, colocate=colocate, one_host=one_host) == want
 
