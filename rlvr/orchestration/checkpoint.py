@@ -267,3 +267,24 @@ def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def load_learners(learners: list, ckpt: Path, timeout_s: float) -> None:
+    """Every learner loads `ckpt`'s weights and weights-only optimizer/RNG state; a learner's refusal of the contents
+    (or torch's size mismatch: another model shape) becomes a `CheckpointError` naming the checkpoint."""
+    import ray
+
+    try:
+        ray.get([lrn.load.remote(str(ckpt / "trainer_state"), str(ckpt)) for lrn in learners], timeout=timeout_s)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, ValueError):  # the learner refused the checkpoint's contents
+            raise CheckpointError(f"checkpoint {ckpt}: {e.cause}") from None
+        if isinstance(e.cause, RuntimeError) and "size mismatch" in str(e.cause):
+            # torch's load_state_dict on tensors of other shapes (e.g. another vocabulary): check_compatible
+            # refuses the known cases before start-up; this catches the rest without a traceback
+            raise CheckpointError(
+                f"checkpoint {ckpt}: its weights do not fit the configured model "
+                f"({str(e.cause).strip()[:2000]}). Resume with the model settings it was "
+                f"trained with, or {FRESH_START_HINT}."
+            ) from None
+        raise

@@ -20,16 +20,10 @@ from rlvr.algorithms.packing import pack_step
 from rlvr.algorithms.shaping import ShapingConfig
 from rlvr.config import ExperimentConfig
 from rlvr.orchestration.accounting import PromptLedger, source_drops
-from rlvr.orchestration.checkpoint import (
-    FRESH_START_HINT,
-    CheckpointError,
-    RunDir,
-    read_driver_state,
-    write_driver_state,
-)
+from rlvr.orchestration.checkpoint import CheckpointError, RunDir, load_learners, read_driver_state, write_driver_state
 from rlvr.orchestration.collector import RolloutCollector, VerifierScorer
 from rlvr.orchestration.evaluation import Evaluator
-from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested
+from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, skipped_steps_message
 from rlvr.orchestration.request_codec import request_from_json, request_to_json
 from rlvr.orchestration.rollouts import RolloutFeeder, engine_get
 from rlvr.orchestration.stats import sample_records
@@ -163,13 +157,9 @@ class Trainer:
         return {**self.ledger.metrics(), **self.score.metrics()}
 
     def _throughput(self, groups: list[Group], wall: float) -> dict[str, float]:
-        num_tokens = sum(s.num_tokens for g in groups for s in g.samples)
-        num_workers = len(self.actors.learners) + len(self.actors.engines)
-        return {
-            "time/step": wall,
-            "perf/tokens_per_s": num_tokens / wall,
-            "perf/tokens_per_s_per_worker": num_tokens / wall / num_workers,
-        }
+        per_s = sum(s.num_tokens for g in groups for s in g.samples) / wall
+        workers = len(self.actors.learners) + len(self.actors.engines)
+        return {"time/step": wall, "perf/tokens_per_s": per_s, "perf/tokens_per_s_per_worker": per_s / workers}
 
     def _eval_after_step(self) -> dict[str, float]:
         cfg = self.cfg.eval
@@ -243,21 +233,7 @@ class Trainer:
             d["feeder"]["requeue"] = [request_from_json(r) for r in d["feeder"]["requeue"]]
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"checkpoint {ckpt}: driver state holds a malformed prompt request: {e}") from e
-        state = ckpt / "trainer_state"
-        try:
-            ray.get([lrn.load.remote(str(state), str(ckpt)) for lrn in self.actors.learners], timeout=self.timeout)
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, ValueError):  # the learner refused the checkpoint's contents
-                raise CheckpointError(f"checkpoint {ckpt}: {e.cause}") from None
-            if isinstance(e.cause, RuntimeError) and "size mismatch" in str(e.cause):
-                # torch's load_state_dict on tensors of other shapes (e.g. another vocabulary): check_compatible
-                # refuses the known cases before start-up; this catches the rest without a traceback
-                raise CheckpointError(
-                    f"checkpoint {ckpt}: its weights do not fit the configured model "
-                    f"({str(e.cause).strip()[:2000]}). Resume with the model settings it was "
-                    f"trained with, or {FRESH_START_HINT}."
-                ) from None
-            raise
+        load_learners(self.actors.learners, ckpt, self.timeout)
         self.step = self.saved_step = d["step"]
         self.ledger.load_state_dict(d["ledger"])
         self.feeder.load_state_dict(d["feeder"])
@@ -285,24 +261,14 @@ class Trainer:
                 return self._end_of_data(last)
             last = m
             if m.get("learner/consecutive_skips", 0) >= self.cfg.learner.max_consecutive_skips:
-                raise RuntimeError(
-                    f"{int(m['learner/consecutive_skips'])} optimizer steps in a row were skipped "
-                    "for a non-finite loss or gradient (--learner.max-consecutive-skips "
-                    f"{self.cfg.learner.max_consecutive_skips}): lower --learner.lr, check the "
-                    "rewards and the data"
-                )
+                raise RuntimeError(skipped_steps_message(m, self.cfg.learner.max_consecutive_skips))
         return last
 
     def _end_of_data(self, last: dict[str, float]) -> dict[str, float]:
         """The data ran out before num_steps: end as at num_steps, losing nothing trained: the eval in flight is
         written, the last weights get their eval if none measured them, and the final checkpoint is saved."""
         last.update(self.evals.finish())
-        if (
-            self.step > 0
-            and self.eval_requests
-            and self.cfg.eval.every_n_steps
-            and self.evals.evaluated_step != self.step
-        ):
+        if self.step > 0 and self.evals.unmeasured(self.step):
             last.update(self.evals.evaluate(self.step))
         if self.step > 0 and self.cfg.checkpoint.save_final and self.saved_step != self.step:
             self.save_checkpoint()

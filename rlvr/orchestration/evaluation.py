@@ -57,6 +57,10 @@ class Evaluator:
         self.inflight: dict[str, Any] | None = None
         self.evaluated_step = -1  # the step of the last eval written to eval.jsonl
 
+    def unmeasured(self, step: int) -> bool:
+        """Periodic evals are on and the weights of `step` have none yet (the run ends early: give them one)."""
+        return bool(self.requests and self.cfg.eval.every_n_steps and self.evaluated_step != step)
+
     def drop(self) -> None:
         """An engine failed: the eval in flight cannot complete."""
         if self.inflight is not None:

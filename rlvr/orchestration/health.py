@@ -137,3 +137,11 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
             os.environ.pop(flag, None)
         else:
             os.environ[flag] = old_flag
+
+
+def skipped_steps_message(metrics: dict[str, float], limit: int) -> str:
+    """Why a run stops after `limit` optimizer steps in a row were skipped for a non-finite loss or gradient."""
+    return (
+        f"{int(metrics['learner/consecutive_skips'])} optimizer steps in a row were skipped for a non-finite loss "
+        f"or gradient (--learner.max-consecutive-skips {limit}): lower --learner.lr, check the rewards and the data"
+    )

@@ -54,6 +54,7 @@ from rlvr.config import ExperimentConfig
 from rlvr.rollout.base import GREEDY_TEMPERATURE_EPS, EngineError, GroupBook
 from rlvr.rollout.lora import LoraSpec, SharedMemoryAdapters, vllm_engine_args
 from rlvr.rollout.sampling import validate_request
+from rlvr.rollout.vllm_support import SchedulerStatsTap, cache_salt, default_max_model_len, import_vllm
 from rlvr.rollout.vllm_weights import VLLMWeightUpdates, allow_ipc_handles
 from rlvr.types import FinishReason, PromptRequest, Sample
 from rlvr.types import SamplingParams as RlvrSamplingParams
@@ -66,50 +67,12 @@ _FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "le
 """vLLM finish reasons kept as they are; anything else ("abort", "error", "repetition") becomes "abort"."""
 
 
-def import_vllm() -> Any:
-    """Import vllm or fail with the install hint (vllm is the optional `gpu` extra)."""
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ImportError("the vLLM engine (rollout.backend=vllm) needs vllm==0.26.0: pip install 'rlvr[gpu]'") from exc
-    return vllm
-
-
-def cache_salt(version: int) -> str:
-    """The prefix-cache salt of requests admitted under policy `version`."""
-    return f"rlvr-v{version}"
-
-
 @dataclass
 class _Job:
     uid: int
     request: PromptRequest
     done: dict[int, Sample] = field(default_factory=dict)
     tasks: list[asyncio.Task] = field(default_factory=list)
-
-
-class _SchedulerStatsTap:
-    """A vLLM stat logger that only keeps the latest SchedulerStats (running, waiting, KV usage)."""
-
-    def __init__(self, sink: dict[str, float]) -> None:
-        self.sink = sink
-
-    def record(
-        self, scheduler_stats: Any, iteration_stats: Any = None, mm_cache_stats: Any = None, engine_idx: int = 0
-    ) -> None:
-        if scheduler_stats is not None:
-            self.sink["vllm_running"] = float(scheduler_stats.num_running_reqs)
-            self.sink["vllm_waiting"] = float(scheduler_stats.num_waiting_reqs)
-            self.sink["kv_usage"] = float(scheduler_stats.kv_cache_usage)
-
-    def log_engine_initialized(self) -> None:
-        pass
-
-    def log(self) -> None:
-        pass
-
-    def record_sleep_state(self, is_awake: int, level: int) -> None:
-        pass
 
 
 class VLLMEngine(VLLMWeightUpdates):
@@ -151,7 +114,7 @@ class VLLMEngine(VLLMWeightUpdates):
         self.sleep_enabled = (
             (colocate and cfg.rollout.colocate_sleep) if enable_sleep_mode is None else enable_sleep_mode
         )
-        self.max_model_len = max_model_len or _default_max_model_len(model_path, cfg)
+        self.max_model_len = max_model_len or default_max_model_len(model_path, cfg)
         self._version = initial_version
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -346,7 +309,7 @@ class VLLMEngine(VLLMWeightUpdates):
     async def _start(self, args: Any) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        tap = _SchedulerStatsTap(self._sched)
+        tap = SchedulerStatsTap(self._sched)
         return AsyncLLM.from_engine_args(args, stat_loggers=[lambda _vllm_config, _idx: tap])
 
     async def _shutdown_llm(self, llm: Any) -> None:
@@ -517,19 +480,3 @@ class VLLMEngine(VLLMWeightUpdates):
         self._raise_if_failed()
         if self._stopped:
             raise EngineError(f"engine {self.engine_id} shut down while generating")
-
-
-def _default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None:
-    """max prompt + max new tokens, capped by the model's positions (smaller KV reservations per sequence)."""
-    wanted = cfg.data.max_prompt_tokens + cfg.generation.max_new_tokens
-    try:
-        from transformers import AutoConfig
-
-        limit = getattr(
-            AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
-            "max_position_embeddings",
-            None,
-        )
-    except (OSError, ValueError):
-        return None
-    return min(wanted, limit) if limit else wanted

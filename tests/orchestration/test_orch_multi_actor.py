@@ -12,7 +12,8 @@ import pytest
 import ray
 
 from rlvr.config import default_config, from_dict, validate
-from rlvr.orchestration.run import build_trainer, create_actors, prepare, shutdown_actors
+from rlvr.orchestration.actor_factory import create_actors, shutdown_actors
+from rlvr.orchestration.run import build_trainer, prepare
 
 
 def _cfg(tmp_path, **over):

@@ -14,7 +14,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import json, ray
     from rlvr.config import default_config, validate
-    from rlvr.orchestration.run import ActorFactory
+    from rlvr.orchestration.actor_factory import ActorFactory
 
     ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False)
 
