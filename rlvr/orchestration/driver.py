@@ -20,12 +20,13 @@ from rlvr.algorithms.packing import pack_step
 from rlvr.algorithms.shaping import ShapingConfig
 from rlvr.config import ExperimentConfig
 from rlvr.orchestration.accounting import PromptLedger, source_drops
+from rlvr.orchestration.actors import engine_get
 from rlvr.orchestration.checkpoint import CheckpointError, RunDir, load_learners, read_driver_state, write_driver_state
 from rlvr.orchestration.collector import RolloutCollector, VerifierScorer
 from rlvr.orchestration.evaluation import Evaluator
 from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, skipped_steps_message
 from rlvr.orchestration.request_codec import request_from_json, request_to_json
-from rlvr.orchestration.rollouts import RolloutFeeder, engine_get
+from rlvr.orchestration.rollouts import RolloutFeeder
 from rlvr.orchestration.stats import sample_records
 from rlvr.orchestration.weight_updates import WeightUpdater, learner_get
 from rlvr.telemetry.logs import CONSOLE, get_logger
@@ -62,6 +63,13 @@ class Trainer:
         self.log = RunLog(run_dir.root, cfg.num_steps, cfg.logging, wandb)
         a = cfg.algorithm
         self.adv_cfg = AdvantageConfig(a.advantage_scale, a.advantage_std, a.advantage_eps)
+        self.pack_args = {
+            "num_mini_batches": a.num_mini_batches,
+            "num_ranks": len(actors.learners),
+            "pack_length": cfg.learner.pack_length,
+            "micro_batch_rows": cfg.learner.micro_batch_rows,
+            "pad_token_id": pad_token_id,
+        }
         self.failures: list[dict[str, Any]] = []
         self.weights = WeightUpdater(actors, self.timeout)
         self.score = VerifierScorer(actors, self.timeout)
@@ -102,14 +110,7 @@ class Trainer:
             return None
         groups, m = collected
         m.update(assign_group_advantages(groups, self.adv_cfg))
-        per_rank, pack_metrics = pack_step(
-            groups,
-            num_mini_batches=self.cfg.algorithm.num_mini_batches,
-            pack_length=self.cfg.learner.pack_length,
-            num_ranks=len(self.actors.learners),
-            micro_batch_rows=self.cfg.learner.micro_batch_rows,
-            pad_token_id=self.pad_token_id,
-        )
+        per_rank, pack_metrics = pack_step(groups, **self.pack_args)
         m.update(pack_metrics)
         m.update(self._train(per_rank))
         self.evals.finish()  # an overlapped eval must see the previous weights only (logged to eval.jsonl)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.faults import NoFaults
+from rlvr.orchestration.actors import engine_get
 from rlvr.orchestration.health import EngineFailure
-from rlvr.orchestration.rollouts import engine_get
 from rlvr.orchestration.stats import sample_records
 from rlvr.telemetry.logs import get_logger
 from rlvr.types import Group, Sample

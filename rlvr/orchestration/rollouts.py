@@ -13,12 +13,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
-
-import ray
 
 from rlvr.orchestration.accounting import PromptLedger
-from rlvr.orchestration.health import EngineFailure, describe
+from rlvr.orchestration.actors import engine_get
+from rlvr.orchestration.health import EngineFailure
 from rlvr.types import Group, PromptRequest, Sample
 
 
@@ -167,19 +165,6 @@ class RolloutFeeder:
     def load_state_dict(self, d: dict) -> None:
         self.requeue = list(d["requeue"])
         self.stream.load_state_dict(d["stream"])
-
-
-def engine_get(ref: Any, engine_index: int, timeout_s: float) -> Any:
-    """ray.get for one engine call: a dead or unresponsive engine becomes an `EngineFailure` naming it. A value
-    that is no ObjectRef is an in-process handle's answer, returned as it is."""
-    if not isinstance(ref, ray.ObjectRef):
-        return ref
-    try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError as e:
-        raise EngineFailure(engine_index, f"did not answer within {timeout_s:g}s") from e
-    except ray.exceptions.RayActorError as e:
-        raise EngineFailure(engine_index, f"died: {describe(e)}") from e
 
 
 def is_stale(group: Group, learner_version: int, async_steps: int) -> bool:
