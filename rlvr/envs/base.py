@@ -1,4 +1,4 @@
-"""The environment protocol and its registry (docs/multi-turn.md).
+"""The environment protocol (docs/multi-turn.md); its registry is `rlvr.envs.registration` + `rlvr.envs.registry`.
 
 An environment drives one episode: `reset(row)` gives the first observation (normally the prompt messages),
 then each policy turn goes to `step(turn_text, turn_token_ids)`, which answers with the next observation, the
