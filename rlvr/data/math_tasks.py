@@ -11,7 +11,10 @@ Arithmetic levels (prompt: "What is <expr>? Put the final answer in \\boxed{}.")
 - `arith-l5`: three operands: a + b - c with two-digit numbers, or a * b + c (two-digit, one-digit, two-digit).
 `word-problems`: GSM8K-style templated stories of two or three steps (buy, give away, spend, save, share,
 count legs, ...) with small integer answers >= 0, e.g. "Mia has 23 stickers. She buys 15 more and then gives
-8 to a friend. How many stickers does Mia have now?" (30).
+8 to a friend. How many stickers does Mia have now?" (30). About half of its templates need a multiplication.
+`word-problems-l1`: the easier level: two-step stories with addition and subtraction only (gets and gives, spends
+twice, two boxes then a loss, ...), numbers up to 60, answers 0-120. The real-model preset trains on it; its
+eval reports both levels.
 
 Invariants:
 - Train and test are disjoint: an item (the template and its numbers) belongs to one split by a stable hash.
@@ -27,7 +30,8 @@ from typing import Any, Callable
 
 MATH_VERIFIER = "math"
 ARITH_LEVELS = ("arith-l1", "arith-l2", "arith-l3", "arith-l4", "arith-l5")
-MATH_TASKS: tuple[str, ...] = (*ARITH_LEVELS, "word-problems")
+WORD_LEVELS = ("word-problems-l1", "word-problems")
+MATH_TASKS: tuple[str, ...] = (*ARITH_LEVELS, *WORD_LEVELS)
 INSTRUCTION = "Put the final answer in \\boxed{}."
 _TEST_PER_256 = 32  # 1/8 of the items are held out
 
@@ -156,9 +160,68 @@ def _word_item(rng: random.Random) -> Item:
     return f"{q} {INSTRUCTION}", ans, f"w{t}:" + ",".join(map(str, nums))
 
 
+def _word_item_l1(rng: random.Random) -> Item:
+    """Two steps, addition and subtraction only (module docstring)."""
+    r = rng.randint
+    name, he, his = rng.choice(_NAMES)
+    thing = rng.choice(_THINGS)
+    t = r(0, 5)
+    if t == 0:
+        a, b = r(5, 60), r(2, 40)
+        c = r(1, a + b)
+        q = (
+            f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to a friend. "
+            f"How many {thing} does {name} have now?"
+        )
+        ans, nums = a + b - c, (a, b, c)
+    elif t == 1:
+        a = r(20, 99)
+        b = r(1, a // 2)
+        c = r(1, a - b)
+        q = (
+            f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars on a book. "
+            f"How many dollars does {name} have left?"
+        )
+        ans, nums = a - b - c, (a, b, c)
+    elif t == 2:
+        a, b, c = r(2, 40), r(2, 40), r(2, 40)
+        q = (
+            f"{name} collects {a} {thing} on Monday, {b} on Tuesday and {c} on Wednesday. "
+            f"How many {thing} does {name} collect in total?"
+        )
+        ans, nums = a + b + c, (a, b, c)
+    elif t == 3:
+        a, b = r(5, 60), r(5, 60)
+        c = r(1, a + b)
+        q = (
+            f"One box holds {a} {thing} and another box holds {b} {thing}. {name} loses {c} of them. "
+            f"How many {thing} are left?"
+        )
+        ans, nums = a + b - c, (a, b, c)
+    elif t == 4:
+        a, b = r(5, 60), r(1, 30)
+        q = (
+            f"{name} has {a} {thing}. {his.capitalize()} friend has {b} more {thing} than {name}. "
+            f"How many {thing} do they have together?"
+        )
+        ans, nums = a + a + b, (a, b)
+    else:
+        a = r(10, 60)
+        b = r(1, a)
+        c = r(1, 40)
+        q = (
+            f"A bus has {a} passengers. At the first stop {b} get off and {c} get on. "
+            f"How many passengers are on the bus now?"
+        )
+        ans, nums = a - b + c, (a, b, c)
+    return f"{q} {INSTRUCTION}", ans, f"v{t}:" + ",".join(map(str, nums))
+
+
 def _maker(name: str) -> Callable[[random.Random], Item]:
     if name == "word-problems":
         return _word_item
+    if name == "word-problems-l1":
+        return _word_item_l1
     level = int(name.rsplit("l", 1)[1])
     return lambda rng: _arith_item(level, rng)
 

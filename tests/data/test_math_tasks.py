@@ -98,3 +98,31 @@ def test_corpus_covers_every_character_of_the_rows() -> None:
         corpus_chars = {ch for line in builtin_corpus(task) for ch in line}
         rows = builtin_rows(task, "test", 200, 0) + builtin_rows(task, "train", 500, 1)
         assert {ch for r in rows for ch in r["prompt"] + r["ground_truth"]} <= corpus_chars
+
+
+def test_easy_word_problems_use_addition_and_subtraction_only_and_their_answers_are_right() -> None:
+    rows = builtin_rows("word-problems-l1", "train", 2000, seed=3)
+    assert len({r["prompt"].split(".")[0] for r in rows}) > 50
+    seen = set()
+    for r in rows:
+        p, ans = r["prompt"], int(r["ground_truth"])
+        assert 0 <= ans <= 200 and "twice" not in p and "Each pack" not in p and "every week" not in p
+        nums = list(map(int, re.findall(r"\d+", p)))
+        if "buys" in p or "loses" in p:
+            seen.add("add-sub")
+            assert ans == nums[0] + nums[1] - nums[2]
+        elif "spends" in p:
+            seen.add("sub-sub")
+            assert ans == nums[0] - nums[1] - nums[2]
+        elif "Wednesday" in p:
+            seen.add("add-add")
+            assert ans == sum(nums)
+        elif "more" in p and "together" in p:
+            seen.add("more-than")
+            assert ans == 2 * nums[0] + nums[1]
+        elif "bus" in p:
+            seen.add("bus")
+            assert ans == nums[0] - nums[1] + nums[2]
+        else:
+            raise AssertionError(f"unknown template: {p}")
+    assert seen == {"add-sub", "sub-sub", "add-add", "more-than", "bus"}
