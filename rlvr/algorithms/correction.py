@@ -13,6 +13,10 @@ still count in the loss normaliser, so splitting a batch into micro-batches/rank
 
 Invariants: weights are finite and >= 0; log ratios are clamped to +-40 before exp; only tokens with
 mask 1 enter the metrics. Staleness = learner step - version_start (docs/design.md, Records: the conservative end).
+
+Multi-turn samples: each policy token's engine log-prob is that of the turn (and weights version) that generated
+it, so the per-token ratios above need no per-turn bookkeeping; observation tokens have mask 0 and enter no
+weight, sequence sum or metric. Staleness uses `version_start`, the OLDEST turn's version (`episode_to_sample`).
 """
 
 from __future__ import annotations

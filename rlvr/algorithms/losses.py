@@ -15,8 +15,9 @@ Per-token surrogates (docs/design.md, "Losses"), with rho_t = exp(l_t - l_old_t)
   L_t = -sigmoid(tau * (rho - 1)) * (4 / tau) * A (gradient equals -A * grad(rho) at rho = 1).
 Per token the loss is  L_t * w_t + beta * KL_t - entropy_coef * H_t  (w_t: stop-gradient TIS weight).
 
-Aggregations, m = loss mask, N_tok / N_seq = GLOBAL counts for the whole optimizer step (all
-micro-batches, all data-parallel ranks), passed in by the caller:
+Aggregations, m = loss mask (policy tokens only: the packer zeroes the tool observations of multi-turn samples,
+so they enter no sum, count, sequence ratio or mean below), N_tok / N_seq = GLOBAL counts for the whole
+optimizer step (all micro-batches, all data-parallel ranks), passed in by the caller:
 - "token-mean" (DAPO): sum m L / N_tok.
 - "seq-mean-token-mean" (GRPO): sum_i (sum_t m L / n_i) / N_seq, n_i = loss tokens of sample i.
 - "seq-mean-token-sum-norm" (Dr. GRPO): sum m L / (N_seq * max_completion_length).

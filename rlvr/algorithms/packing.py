@@ -9,10 +9,14 @@ Alignment convention (all per-token tensors are [num_rows, T], T <= pack_length,
 micro-batch rounded up to `pad_multiple`): the value at position t refers to the token input_ids[t] as
 predicted from the tokens before it in the same sample, i.e. log p(input_ids[t] | input_ids[start..t-1]).
 Consequently:
-- loss_mask is 1 exactly on completion tokens of samples that count in the loss, never on prompt tokens,
-  on a sample's first token (nothing predicts it) or on padding;
-- advantages hold the sample's advantage where loss_mask is 1, else 0;
-- engine_logprobs hold `Sample.logprobs[j]` on the j-th completion token, else 0;
+- loss_mask is 1 exactly on the policy's completion tokens of samples that count in the loss:
+  loss_mask = per-token completion mask & sample mask (`PackInput.completion_mask`, all ones for single-turn
+  samples; 0 on the tool observations of a multi-turn episode), never on prompt tokens, on a sample's first
+  token (nothing predicts it) or on padding;
+- advantages hold the sample's advantage where loss_mask is 1, else 0 (one advantage per sample or episode,
+  broadcast over its policy tokens);
+- engine_logprobs hold `Sample.logprobs[j]` on the j-th completion token if the policy generated it, else 0
+  (observation tokens have no engine log-prob);
 - sample_ids hold the sample's global id, -1 on padding;
 - position_ids restart at 0 for every sample; padding at the end of a row forms its own segment with
   positions 0, 1, ... so that position-id based packing detection (transformers' find_packed_sequence_indices,
@@ -23,7 +27,9 @@ Dummy micro-batches are one row of 2 pad tokens (so every rank runs the whole mo
 ZeRO-3 gathers and ZeRO-2/3 gradient reductions must line up) with loss_mask 0 and sample_ids -1.
 
 Global normalisers: every PackedBatch carries the counts of the WHOLE step (all ranks): the number of
-loss tokens (sum of loss_mask) and the number of samples with at least one loss token.
+loss tokens (sum of loss_mask: policy tokens only) and the number of samples with at least one loss token.
+Every loss reduction (token-mean and seq-mean-token-mean denominators, GSPO's sequence ratio, the TIS sequence
+mask) sums over loss_mask, so observation tokens count nowhere.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.algorithms.policy_tokens import check_completion_mask, completion_mask
 from rlvr.telemetry.reduce import MetricReducer, Reduction
 from rlvr.types import Group, MicroBatch, PackedBatch
 
@@ -51,7 +58,11 @@ worst imbalance counts."""
 
 @dataclass(frozen=True)
 class PackInput:
-    """What the packer needs from one sample (see `pack_inputs_from_groups`)."""
+    """What the packer needs from one sample (see `pack_inputs_from_groups`).
+
+    `completion_mask`: one 0/1 per completion token, 1 where the policy generated the token (None: all ones,
+    the single-turn case); `in_loss` masks the whole sample.
+    """
 
     sample_id: int
     prompt_token_ids: Sequence[int]
@@ -59,6 +70,7 @@ class PackInput:
     completion_logprobs: Sequence[float]
     advantage: float
     in_loss: bool = True
+    completion_mask: Sequence[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -66,7 +78,8 @@ class PackInput:
 
 
 def pack_inputs_from_groups(groups: Sequence[Group], first_id: int = 0) -> list[PackInput]:
-    """One PackInput per sample, ids numbered `first_id`.. in group order; uses `advantages` and `loss_masks`."""
+    """One PackInput per sample, ids numbered `first_id`.. in group order; uses `advantages`, `loss_masks` and
+    each sample's `metadata["completion_loss_mask"]` (multi-turn samples, `rlvr.algorithms.policy_tokens`)."""
     inputs: list[PackInput] = []
     for group in groups:
         if len(group.advantages) != group.num_samples:
@@ -81,6 +94,7 @@ def pack_inputs_from_groups(groups: Sequence[Group], first_id: int = 0) -> list[
                     sample.logprobs,
                     float(advantage),
                     bool(in_loss),
+                    completion_mask(sample),
                 )
             )
     return inputs
@@ -178,17 +192,25 @@ def _row_tensors(
                 f"sample {item.sample_id}: {len(item.completion_logprobs)} logprobs for "
                 f"{num_completion} completion tokens"
             )
+        policy = None
+        if item.completion_mask is not None:
+            where = f"sample {item.sample_id}"
+            policy = torch.tensor(check_completion_mask(item.completion_mask, num_completion, where), dtype=torch.bool)
         end = offset + item.num_tokens
         ids[offset:end] = torch.tensor(list(item.prompt_token_ids) + list(item.completion_token_ids), dtype=torch.long)
         pos[offset:end] = torch.arange(item.num_tokens)
         sid[offset:end] = item.sample_id
         start = offset + num_prompt
         gen[start:end] = torch.tensor(list(item.completion_logprobs), dtype=dtype)
+        if policy is not None:
+            gen[start:end] = torch.where(policy, gen[start:end], torch.zeros((), dtype=dtype))
         if item.in_loss:
-            mask[start:end] = True
+            mask[start:end] = True if policy is None else policy
             mask[offset] = False  # a sample's first token is predicted by nothing (empty prompt case)
             adv[start:end] = item.advantage
             adv[offset] = 0.0 if num_prompt == 0 else adv[offset]
+            if policy is not None:
+                adv[offset:end] = torch.where(mask[offset:end], adv[offset:end], torch.zeros((), dtype=dtype))
         offset = end
         cu.append(offset)
     if offset < length:

@@ -7,13 +7,18 @@
   scaled by `overlong_penalty` and ADDED to the task reward. p is computed by
   `rlvr.rewards.shaping.soft_overlong_penalty`, the one implementation (the `soft_overlong` reward uses it too).
 - Non-stop penalty (open-instruct `non_stop_penalty`): a completion that ends without a stop token
-  (finish_reason "length") has its reward REPLACED by the fixed value `non_stop_penalty`.
+  (finish_reason "length"; for a multi-turn episode end_reason "turn_length" or "max_total_tokens") has its
+  reward REPLACED by the fixed value `non_stop_penalty`.
 - Overlong filtering (DAPO §3.4 "overlong filtering"): with `mask_truncated`, truncated completions get
   loss_mask False, but keep their reward, so they still count in their group's mean/std.
 
+Multi-turn samples (`rlvr.algorithms.policy_tokens`): the length L of the overlong penalty counts the tokens the
+policy generated, not the tool observations between its turns; truncation is read from `end_reason`.
+
 Invariants: shaping never turns a None reward into a number except through the non-stop penalty (which is
-a fixed reward, by definition independent of the verifier); only finish_reason "length" counts as truncated
-("abort" samples are the orchestrator's business and are never shaped here).
+a fixed reward, by definition independent of the verifier); only the `TRUNCATION_REASONS` ("length",
+"turn_length", "max_total_tokens") count as truncated ("abort" samples are the orchestrator's business and are
+never shaped here).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from rlvr.algorithms.policy_tokens import TRUNCATION_REASONS, end_reason, is_truncated, num_policy_tokens
 from rlvr.config.sections import AlgorithmConfig
 from rlvr.rewards.shaping import soft_overlong_penalty
 from rlvr.types import Group, RewardResult
@@ -68,7 +74,10 @@ def shape_rewards(
     finish_reasons: Sequence[str],
     config: ShapingConfig,
 ) -> tuple[list[float | None], list[bool]]:
-    """Apply non-stop and overlong shaping; returns (shaped rewards, loss-mask flags) per sample."""
+    """Apply non-stop and overlong shaping; returns (shaped rewards, loss-mask flags) per sample.
+
+    `completion_lengths` are policy-generated token counts; `finish_reasons` are finish or end reasons (a reason in
+    `TRUNCATION_REASONS` marks the sample truncated)."""
     if not (len(totals) == len(completion_lengths) == len(finish_reasons)):
         raise ValueError("totals, completion_lengths and finish_reasons must have the same length")
     penalties = overlong_penalty(
@@ -80,7 +89,7 @@ def shape_rewards(
     shaped: list[float | None] = []
     loss_mask: list[bool] = []
     for total, penalty, reason in zip(totals, penalties, finish_reasons):
-        truncated = reason == "length"
+        truncated = reason in TRUNCATION_REASONS
         if truncated and config.non_stop_penalty is not None:
             total = config.non_stop_penalty
         elif total is not None:
@@ -96,8 +105,8 @@ def shape_group(group: Group, config: ShapingConfig) -> dict[str, float]:
         raise ValueError(f"group {group.prompt_id} has {group.num_samples} samples but {len(group.rewards)} rewards")
     shaped, loss_mask = shape_rewards(
         [r.total for r in group.rewards],
-        [len(s.completion_token_ids) for s in group.samples],
-        [s.finish_reason for s in group.samples],
+        [num_policy_tokens(s) for s in group.samples],
+        [end_reason(s) for s in group.samples],
         config,
     )
     group.rewards = [
@@ -105,5 +114,5 @@ def shape_group(group: Group, config: ShapingConfig) -> dict[str, float]:
         for r, total in zip(group.rewards, shaped)
     ]
     group.loss_masks = loss_mask
-    num_truncated = sum(s.finish_reason == "length" for s in group.samples)
+    num_truncated = sum(is_truncated(s) for s in group.samples)
     return {"rollout/num_truncated": float(num_truncated), "rollout/num_loss_masked": float(loss_mask.count(False))}
