@@ -13,6 +13,14 @@ need more GPUs than the machine has are reported as skipped. Extra lanes:
 - `learner`: `bench/gpu_learner.py`'s microbench (the exact LearnerWorker.train_batch on a synthetic packed
   batch of the same shape), once per `--learner-variants` flag set: the cheap before/after for the MFU knobs
   without Ray/vLLM start-up, plus an attention probe at the pack length.
+- `trl` (issue 14): TRL's `GRPOTrainer` with vLLM colocate on the same model dir, prompts, prompt count, G,
+  completion length (every completion runs to the limit: vLLM's ignore_eos) and bf16, with gradient checkpointing,
+  beta 0, vLLM memory 0.35, 32 completions per micro-step and P*G/32 accumulation steps (`bench/trl_lane.py`, in its
+  own process on GPU 0 after the colocated rlvr runs; skipped with a message where trl is absent: install the `bench`
+  extra). The summary's `rlvr_trl_ratio` = rlvr colocate1 tokens/s/GPU / TRL tokens/s/GPU, same card, same run:
+
+    python3 bench/gpu_grpo.py --configs colocate1 --lanes trl --shape qwen2.5-0.5b --steps 6 --budget-s 560 \
+        --run-timeout-s 290 --out $OUT
 On a machine with >= 2 GPUs the standalone + learner lane runs on the last GPU while `colocate1` runs on GPU 0.
 
 Full fine-tuning vs LoRA (issue 20): `--lora-compare R` runs every configuration a second time with
@@ -52,6 +60,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+import trl_lane  # noqa: E402  (same directory; no torch or trl at import)
 from gpu_learner import BEFORE, emit, mfu, model_facts, peak_for, rnd, run_variants  # noqa: E402  (same directory)
 
 from rlvr.models.shaped import SHAPES  # noqa: E402  (no torch at import)
@@ -579,11 +588,116 @@ def run_child(mode: str, spec: dict[str, Any], gpus: list[int], timeout_s: float
     return recs
 
 
+# ----------------------------------------------------------------------------- lane: TRL (issue 14)
+def trl_spec(a: argparse.Namespace, model_dir: str, card: str) -> dict[str, Any]:
+    """What bench/trl_lane.py runs: the `rlvr train` flags of the colocate1 lane (model dir, prompts, P, G, M, seed,
+    lr) and TRL's own settings."""
+    return {
+        "argv": train_argv(a, parse_config("colocate1"), model_dir, "trl"),
+        "card": card,
+        "steps": a.steps,
+        "micro_batch": a.trl_micro_batch,
+        "vllm_gpu_memory_utilization": a.trl_vllm_mem,
+        "dtype": a.trl_dtype or None,
+        "overrides": a.trl_overrides,
+        "output_dir": str(Path(a.runs_dir) / f"trl-{os.getpid()}-{int(time.time())}"),
+    }
+
+
+def lane_trl(
+    a: argparse.Namespace,
+    gpu: int,
+    num_gpus: int,
+    model_dir: str,
+    card: str,
+    timeout_s: float,
+    out_dir: Path,
+    results: dict,
+) -> None:
+    """TRL's GRPOTrainer (vLLM colocate) on GPU `gpu` in its own process; one `trl` line, also in results["trl"]."""
+    jl = out_dir / "bench.jsonl"
+    spec = trl_spec(a, model_dir, card)
+    rec: dict[str, Any] = {
+        "kind": "trl",
+        "config": "trl_colocate1",
+        "shape": a.shape,
+        "card": card,
+        "gpus": 1,
+        "prompts_per_step": a.prompts_per_step,
+        "group_size": a.group_size,
+        "max_new_tokens": a.max_new_tokens,
+        "steps": a.steps,
+    }
+    results["trl"] = rec
+    missing = trl_lane.trl_missing()
+    script = Path(__file__).resolve().parent / "trl_lane.py"
+    spec_path = out_dir / "trl.spec.json"
+    if a.dry_run:  # the spec is written, so the printed command runs by hand
+        spec_path.write_text(json.dumps(spec))
+        rec.update(dry_run=True, gpu=gpu, timeout_s=round(timeout_s))
+        rec["cmd"] = f"CUDA_VISIBLE_DEVICES={gpu} {shlex.join([sys.executable, str(script), '--spec', str(spec_path)])}"
+        try:
+            w = trl_lane.workload(spec["argv"])
+            rec.update(workload=w, grpo_config=trl_lane.grpo_config_kwargs(w, spec))
+        except BaseException as e:  # tyro exits on bad flags
+            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        if missing:
+            rec["skipped"] = missing
+        emit(rec, jl)
+        return
+    if missing or num_gpus < 1 or timeout_s < 60:
+        rec["skipped"] = missing or ("no GPU" if num_gpus < 1 else f"budget left {timeout_s:.0f}s")
+        emit(rec, jl)
+        return
+    spec_path.write_text(json.dumps(spec))
+    log = out_dir / "trl.log"
+    res = run_guarded([sys.executable, str(script), "--spec", str(spec_path)], gpu_env([gpu]), timeout_s, log, [gpu])
+    rec.update(res, timeout_s=round(timeout_s))
+    lines = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith('{"kind": "trl_'):
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    for r in lines:
+        if r["kind"] == "trl_skipped":
+            rec["skipped"] = r.get("skipped")
+        elif r["kind"] == "trl_start":
+            rec.update(
+                {k: r.get(k) for k in ("versions", "grpo_config", "effective", "startup_s", "prompt_ids_match_rlvr")}
+            )
+        elif r["kind"] == "trl_done":
+            rec.update({k: v for k, v in r.items() if k != "kind"})
+    steps = [r for r in lines if r["kind"] == "trl_step"]
+    rec.update(trl_lane.summarize_steps(steps))
+    rec["steps_raw"] = steps
+    if res["rc"] != 0 or not steps:
+        rec["log_tail"] = tail(log)
+    emit(rec, jl)
+
+
+def trl_summary(base: dict[str, dict[str, Any]], trl: dict[str, Any] | None) -> dict[str, Any]:
+    """The summary's TRL keys: `trl.tokens_per_s_per_gpu` and `rlvr_trl_ratio` = rlvr's colocated tokens/s/GPU over
+    TRL's (None when either side has no figure), or `trl.skipped`."""
+    if trl is None:
+        return {}
+    out: dict[str, Any] = {"trl.tokens_per_s_per_gpu": trl.get("tokens_per_s_per_gpu")}
+    if trl.get("skipped"):
+        out["trl.skipped"] = trl["skipped"]
+    name = "colocate1" if "colocate1" in base else next((n for n in base if n.startswith("colocate1")), None)
+    rlvr_rate = (base.get(name) or {}).get("tokens_per_s_per_gpu") if name else None
+    trl_rate = trl.get("tokens_per_s_per_gpu")
+    out["rlvr_trl_ratio"] = round(rlvr_rate / trl_rate, 3) if rlvr_rate and trl_rate else None
+    out["rlvr_trl_ratio_config"] = name
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="colocate1,split2_async0,split2_async1")
-    p.add_argument("--lanes", default="standalone,learner", help="extra lanes: standalone, learner (or 'none')")
+    p.add_argument("--lanes", default="standalone,learner", help="extra lanes: standalone, learner, trl (or 'none')")
     p.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(SHAPES))
     p.add_argument(
         "--lora-compare",
@@ -619,6 +733,21 @@ def main() -> int:
         help="budget kept back for each later rlvr run when capping the current one",
     )
     p.add_argument("--standalone-timeout-s", type=float, default=150.0)
+    p.add_argument("--trl-timeout-s", type=float, default=270.0, help="cap of the trl lane's run")
+    p.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=trl_lane.MICRO_BATCH,
+        help="trl lane: per_device_train_batch_size (completions); accumulation = prompts x group size / this",
+    )
+    p.add_argument("--trl-vllm-mem", type=float, default=trl_lane.VLLM_GPU_MEMORY, help="trl lane: vLLM's share")
+    p.add_argument(
+        "--trl-dtype",
+        default="",
+        choices=["", "float32", "bfloat16"],
+        help="trl lane: model_init_kwargs dtype ('' = TRL's default, float32 weights under bf16 autocast)",
+    )
+    p.add_argument("--trl-args", default="", help="trl lane: JSON object of GRPOConfig fields that override the lane's")
     p.add_argument(
         "--lane-share",
         type=float,
@@ -645,6 +774,20 @@ def main() -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     jl = out_dir / "bench.jsonl"
     a.lanes = [x for x in a.lanes.split(",") if x and x != "none"]
+    unknown = sorted(set(a.lanes) - {"standalone", "learner", "trl"})
+    if unknown:
+        p.error(f"--lanes: unknown lane(s) {unknown}; use standalone, learner, trl or none")
+    try:
+        a.trl_overrides = json.loads(a.trl_args) if a.trl_args.strip() else {}
+    except json.JSONDecodeError as e:
+        p.error(f"--trl-args is not JSON: {e}")
+    if not isinstance(a.trl_overrides, dict):
+        p.error("--trl-args must be a JSON object of GRPOConfig fields, e.g. '{\"vllm_enable_sleep_mode\": true}'")
+    if "trl" in a.lanes and (a.trl_micro_batch <= 0 or (a.prompts_per_step * a.group_size) % a.trl_micro_batch):
+        p.error(
+            f"--trl-micro-batch {a.trl_micro_batch} must divide --prompts-per-step x --group-size "
+            f"= {a.prompts_per_step * a.group_size}"
+        )
     configs = [parse_config(x) for x in a.configs.split(",") if x]
     extra_runs = []
     for item in [x for x in a.extra_configs.split(";") if x.strip()]:
@@ -721,7 +864,8 @@ def main() -> int:
 
     lane_thread = None
     side_gpu = num_gpus - 1
-    parallel = num_gpus >= 2 and not a.serial and a.lanes
+    side_lanes = [x for x in a.lanes if x in ("standalone", "learner")]
+    parallel = num_gpus >= 2 and not a.serial and bool(side_lanes)
     if parallel:  # standalone vLLM then the learner microbench on the last GPU, next to colocate1 on GPU 0
         lane_deadline = (
             t_start + a.lane_share * a.budget_s if any(not c["colocate"] for c, _, _ in runnable) else deadline
@@ -734,17 +878,29 @@ def main() -> int:
         )
         lane_thread.start()
     order = sorted(runnable, key=lambda x: (not x[0]["colocate"], x[0]["gpus"]))
+    trl_todo = "trl" in a.lanes
+
+    def do_trl(runs_after: int) -> None:  # on GPU 0 after the colocated runs, before the multi-GPU ones
+        left = deadline - time.time()
+        timeout = min(a.trl_timeout_s, left - a.reserve_per_run_s * runs_after)
+        lane_trl(a, 0, num_gpus, model_dir, card, a.trl_timeout_s if a.dry_run else timeout, out_dir, results)
+
     for i, (c, tag, flags) in enumerate(order):
+        if trl_todo and not c["colocate"]:
+            do_trl(len(order) - i)
+            trl_todo = False
         if c["colocate"] or not parallel:
-            do_run(c, tag, flags, [0] if c["gpus"] == 1 else list(range(c["gpus"])), len(order) - i)
+            do_run(c, tag, flags, [0] if c["gpus"] == 1 else list(range(c["gpus"])), len(order) - i + trl_todo)
             continue
         if lane_thread is not None:  # multi-GPU runs need the side GPU back
             lane_thread.join()
             lane_thread = None
         do_run(c, tag, flags, list(range(c["gpus"])), len(order) - i)
+    if trl_todo:
+        do_trl(0)
     if lane_thread is not None:
         lane_thread.join()
-    if not parallel and a.lanes and num_gpus >= 1:
+    if not parallel and side_lanes and num_gpus >= 1:
         lane_standalone_learner(a, 0, model_dir, facts, card, peak, deadline, out_dir, results)
 
     # ---------------------------------------------------------------- summary
@@ -789,6 +945,7 @@ def main() -> int:
                 jl,
             )
             summary[f"{name}:{tag}.sync_cycle_s"] = (r.get("weight_sync") or {}).get("cycle_s")
+    summary.update(trl_summary(base, results.get("trl")))
     lb = [r for r in results.get("learner", []) if r.get("kind") == "learner_microbench" and "mfu" in r]
     if lb:
         summary["learner_microbench_mfu"] = {r["variant"]: r["mfu"] for r in lb}
