@@ -332,6 +332,34 @@ class EvalConfig:
 
 
 @dataclass
+class EnvConfig:
+    """Multi-turn environments and tools (docs/multi-turn.md): a routed row runs G episodes, not G completions."""
+
+    name: str = ""
+    """Environment for rows without an `env` column: a registered name (`tool`, `tool_lookup`, `math_python`) or
+    an import path `pkg.module:Class`. Empty: only rows with an `env` column run episodes; the rest stay
+    single-turn."""
+    params: dict[str, float | int | str | bool] = field(default_factory=dict)
+    """Keyword arguments of the environment's factory (e.g. `verifier`, `instructions`)."""
+    tools: list[str] = field(default_factory=list)
+    """Tool names (`calculator`, `lookup`, `python`) or import paths `pkg.module:fn`; empty = the environment's
+    own tool set."""
+    tool_format: str = ""
+    """Tool-call format: `qwen` (`<tool_call>{json}</tool_call>`), `compact` (`?KEY` -> `=VALUE`, for tiny
+    models) or an import path `pkg.module:Class`; empty = the environment's default."""
+    end_on_tool_error: bool = False
+    """End an episode (reason `tool_error`) at its first failed tool call instead of showing the error."""
+    tool_timeout_s: float = 5.0
+    """Per-call time limit of a tool; the verifier pool kills a worker that outlives it by its grace."""
+    max_turns: int = 4
+    """Policy turns per episode (end reason `max_turns`)."""
+    max_tokens_per_turn: int = 256
+    """New tokens per policy turn (end reason `turn_length`)."""
+    max_total_tokens: int = 2048
+    """Prompt + every turn + every observation (end reason `max_total_tokens`); at most the model's context."""
+
+
+@dataclass
 class CheckpointConfig:
     """Run directory and checkpoints."""
 
@@ -386,6 +414,7 @@ class ExperimentConfig:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     num_steps: int = 100

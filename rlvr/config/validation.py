@@ -57,6 +57,29 @@ def _validate_lora(cfg: ExperimentConfig) -> None:
     )
 
 
+def _validate_env(cfg: ExperimentConfig) -> None:
+    """The `env` section's limits (the environment name and the model's context are checked at start-up, where
+    the registry and the model are at hand: `rlvr.envs.settings.check_env`)."""
+    e = cfg.env
+    _require(e.max_turns >= 1, f"--env.max-turns must be >= 1 (got {e.max_turns})")
+    _require(e.max_tokens_per_turn >= 1, f"--env.max-tokens-per-turn must be >= 1 (got {e.max_tokens_per_turn})")
+    _require(e.tool_timeout_s > 0, f"--env.tool-timeout-s must be > 0 (got {e.tool_timeout_s})")
+    _require(
+        not e.name or e.max_total_tokens > cfg.data.max_prompt_tokens,
+        f"--env.max-total-tokens ({e.max_total_tokens}) must exceed --data.max-prompt-tokens "
+        f"({cfg.data.max_prompt_tokens}): an episode needs room for at least one generated token",
+    )
+    _require(
+        not e.name or cfg.learner.pack_length >= e.max_total_tokens,
+        f"--learner.pack-length ({cfg.learner.pack_length}) is shorter than an episode may grow: "
+        f"--env.max-total-tokens = {e.max_total_tokens}; raise the pack length or lower the limit",
+    )
+    _require(
+        all(isinstance(t, str) and t.strip() for t in e.tools),
+        f"--env.tools holds an empty name: {e.tools!r}",
+    )
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Raise `ConfigError` (a ValueError) naming the flag and the fix for the first problem found."""
     g, r, a, lr, c = cfg.generation, cfg.rollout, cfg.algorithm, cfg.learner, cfg.cluster
@@ -202,6 +225,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     )
     _require(lr.max_consecutive_skips >= 1, "--learner.max-consecutive-skips must be >= 1")
     _validate_lora(cfg)
+    _validate_env(cfg)
     _require(
         cfg.rewards.num_workers >= 1 and cfg.rewards.timeout_s > 0,
         "--rewards.num-workers must be >= 1 and --rewards.timeout-s > 0",

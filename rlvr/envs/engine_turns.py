@@ -51,6 +51,17 @@ class EngineTurnGenerator:
 _FINISH: dict[str, FinishReason] = {"turn_length": "length", "max_total_tokens": "length", "abort": "abort"}
 
 
+def transcript(ep: Episode) -> list[dict[str, str]]:
+    """The episode's turns for people (samples.jsonl): {"role": "assistant", "text"} per policy turn, and
+    {"role": "tool", "text"} per observation that followed one (the observation's content)."""
+    out: list[dict[str, str]] = []
+    for t in ep.turns:
+        out.append({"role": "assistant", "text": t.text})
+        if t.observation_start >= 0:
+            out.append({"role": "tool", "text": t.observation_text})
+    return out
+
+
 def episode_to_sample(
     ep: Episode, prompt_id: str, sample_index: int = 0, engine_id: int = 0, metadata: dict[str, Any] | None = None
 ) -> Sample:
@@ -65,6 +76,7 @@ def episode_to_sample(
         "reward_terms": dict(ep.reward_terms),
         "episode_metrics": ep.metrics(),
         "turns": [(t.start - cut, t.end - cut, t.policy_version, t.finish_reason) for t in ep.turns],
+        "transcript": transcript(ep),
     }
     return Sample(
         prompt_id=prompt_id,

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from rlvr.envs.base import Environment, Observation
+from rlvr.envs.base import Environment, Observation, StepResult
 from rlvr.envs.turns import ObservationTokenizer
 
 
@@ -67,6 +67,7 @@ class TurnRecord:
     text: str
     observation_start: int = -1
     observation_end: int = -1
+    observation_text: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -107,6 +108,14 @@ class Episode:
         }
 
 
+def start_episode(env: Environment, row: dict[str, Any], tokens: ObservationTokenizer) -> Episode:
+    """A new episode: `env.reset(row)` tokenized as its prompt."""
+    prompt = tokens.first(env.reset(row))
+    ep = Episode([], [], [], [], prompt_length=len(prompt))
+    ep.append(prompt, generated=False)
+    return ep
+
+
 def run_episode(
     env: Environment,
     row: dict[str, Any],
@@ -116,9 +125,7 @@ def run_episode(
 ) -> Episode:
     """Play one episode of `env` on `row` (module docstring)."""
     start = time.monotonic()
-    prompt = tokens.first(env.reset(row))
-    ep = Episode([], [], [], [], prompt_length=len(prompt))
-    ep.append(prompt, generated=False)
+    ep = start_episode(env, row, tokens)
     ep.end_reason = _play(ep, env, generator, tokens, limits)
     ep.wall_s = time.monotonic() - start
     return ep
@@ -127,46 +134,74 @@ def run_episode(
 def _play(
     ep: Episode, env: Environment, generator: TurnGenerator, tokens: ObservationTokenizer, limits: EpisodeLimits
 ) -> str:
-    """The turn loop; returns the end reason."""
+    """The turn loop; returns the end reason. A staged environment (rlvr/envs/jobs.py) is stepped through `step`,
+    which runs its jobs in process; the collector drives the same helpers with the jobs in the verifier pool."""
     for turn_index in range(limits.max_turns):
-        room = limits.max_total_tokens - len(ep.token_ids)
-        budget = min(limits.max_tokens_per_turn, room)
+        budget = turn_budget(ep, limits)
         if budget <= 0:
             return "max_total_tokens"
         turn = generator.generate_turn(list(ep.token_ids), budget)
-        _check_turn(turn, budget)
-        record = TurnRecord(
-            len(ep.token_ids),
-            len(ep.token_ids) + len(turn.token_ids),
-            turn.policy_version,
-            turn.finish_reason,
-            tokens.decode(turn.token_ids),
-        )
-        ep.append(list(turn.token_ids), generated=True, logprobs=list(turn.logprobs), version=turn.policy_version)
-        ep.turns.append(record)
-        if turn.finish_reason == "abort":
-            return "abort"
-        if turn.finish_reason == "length":
-            return "turn_length" if budget == limits.max_tokens_per_turn else "max_total_tokens"
+        ended = add_turn(ep, turn, tokens, budget, limits)
+        if ended:
+            return ended
         try:
-            result = env.step(record.text, list(turn.token_ids))
+            result = env.step(ep.turns[-1].text, list(turn.token_ids))
         except Exception as e:  # trust boundary: a user environment's bug ends this episode, not the run
             ep.error = f"{type(e).__name__}: {e}"[:500]
             return "env_error"
-        record.metrics = dict(result.metrics)
-        _add(ep.reward_terms, result.reward_terms)
-        _add(ep.env_metrics, result.metrics)
-        if result.done:
-            return result.reason or "done"
-        if turn_index == limits.max_turns - 1:
-            return "max_turns"
-        observation = result.observation if result.observation is not None else Observation(text="")
-        obs_ids = tokens.next(observation, list(turn.token_ids))
-        if len(ep.token_ids) + len(obs_ids) >= limits.max_total_tokens:
-            return "max_total_tokens"  # no room for the observation and at least one generated token
-        record.observation_start, record.observation_end = len(ep.token_ids), len(ep.token_ids) + len(obs_ids)
-        ep.append(obs_ids, generated=False)
+        ended = add_step(ep, result, turn_index, tokens, limits)
+        if ended:
+            return ended
     return "max_turns"
+
+
+def turn_budget(ep: Episode, limits: EpisodeLimits) -> int:
+    """New tokens the next turn may have: min(max_tokens_per_turn, room left); <= 0 means no room."""
+    return min(limits.max_tokens_per_turn, limits.max_total_tokens - len(ep.token_ids))
+
+
+def add_turn(ep: Episode, turn: GeneratedTurn, tokens: ObservationTokenizer, budget: int, limits: EpisodeLimits) -> str:
+    """Append a generated turn (its exact ids, log-probs and version); the end reason when it ends the episode
+    (abort, or a turn cut at its budget), else ""."""
+    _check_turn(turn, budget)
+    record = TurnRecord(
+        len(ep.token_ids),
+        len(ep.token_ids) + len(turn.token_ids),
+        turn.policy_version,
+        turn.finish_reason,
+        tokens.decode(turn.token_ids),
+    )
+    ep.append(list(turn.token_ids), generated=True, logprobs=list(turn.logprobs), version=turn.policy_version)
+    ep.turns.append(record)
+    if turn.finish_reason == "abort":
+        return "abort"
+    if turn.finish_reason == "length":
+        return "turn_length" if budget == limits.max_tokens_per_turn else "max_total_tokens"
+    return ""
+
+
+def add_step(
+    ep: Episode, result: StepResult, turn_index: int, tokens: ObservationTokenizer, limits: EpisodeLimits
+) -> str:
+    """Apply the environment's answer to the last turn: rewards and metrics, then the observation (tokenized
+    once) unless the episode ends; returns the end reason, or "" to go on."""
+    record = ep.turns[-1]
+    turn_ids = ep.token_ids[record.start : record.end]
+    record.metrics = dict(result.metrics)
+    _add(ep.reward_terms, result.reward_terms)
+    _add(ep.env_metrics, result.metrics)
+    if result.done:
+        return result.reason or "done"
+    if turn_index >= limits.max_turns - 1:
+        return "max_turns"
+    observation = result.observation if result.observation is not None else Observation(text="")
+    obs_ids = tokens.next(observation, turn_ids)
+    if len(ep.token_ids) + len(obs_ids) >= limits.max_total_tokens:
+        return "max_total_tokens"  # no room for the observation and at least one generated token
+    record.observation_start, record.observation_end = len(ep.token_ids), len(ep.token_ids) + len(obs_ids)
+    record.observation_text = observation.text
+    ep.append(obs_ids, generated=False)
+    return ""
 
 
 def _check_turn(turn: GeneratedTurn, budget: int) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlvr.envs.base import Observation, StepResult
-from rlvr.envs.tool_calls import ToolCallFormat, ToolResult, get_format
+from rlvr.envs.jobs import Job, JobFailure, PendingStep, execute_tool, run_local, verify_answer
+from rlvr.envs.tool_calls import ToolCall, ToolCallFormat, ToolResult, get_format
 from rlvr.envs.tools import ToolExecutor, build_toolset
 
 DEFAULT_INSTRUCTIONS = (
@@ -30,7 +31,11 @@ DEFAULT_INSTRUCTIONS = (
 
 
 class ToolEnv:
-    """The tool-calling environment (module docstring); one instance per episode."""
+    """The tool-calling environment (module docstring); one instance per episode.
+
+    Staged (rlvr/envs/jobs.py): `begin_step` parses the turn and hands out the tool calls (or the answer check) as
+    jobs, `end_step` turns their outputs into the step's result; `step` does both, running the jobs in process.
+    Jobs need tool names (`tools` given as names): a `ToolExecutor` object is run in process by `step` only."""
 
     def __init__(
         self,
@@ -40,14 +45,22 @@ class ToolEnv:
         instructions: str = DEFAULT_INSTRUCTIONS,
         end_on_tool_error: bool = False,
         max_output_chars: int = 2000,
+        timeout_s: float | None = None,
     ) -> None:
+        self.tool_names: tuple[str, ...] | None = None
         if tools is None or isinstance(tools, (list, tuple)):
-            tools = build_toolset(list(tools or ["calculator"]), max_output_chars)
+            self.tool_names = tuple(tools or ["calculator"])
+            tools = build_toolset(list(self.tool_names), max_output_chars, timeout_s)
         self.tools: ToolExecutor = tools
         self.format = get_format(tool_format) if isinstance(tool_format, str) else tool_format
+        self.stop_strings: list[str] = list(getattr(self.format, "stop_strings", []))
+        """Where a policy turn should stop besides EOS (the format's, e.g. the end of a compact call)."""
         self.verifier = verifier
         self.instructions = instructions
         self.end_on_tool_error = end_on_tool_error
+        self.max_output_chars = max_output_chars
+        self.timeout_s = timeout_s
+        self._limits = {t.spec.name: t.timeout_s for t in getattr(tools, "tools", {}).values()}
         self.row: dict[str, Any] = {}
 
     def reset(self, row: dict[str, Any]) -> Observation:
@@ -58,26 +71,65 @@ class ToolEnv:
         )
 
     def step(self, turn_text: str, turn_token_ids: list[int]) -> StepResult:
+        begun = self.begin_step(turn_text, turn_token_ids)
+        if isinstance(begun, StepResult):
+            return begun
+        if begun.state["kind"] == "tools" and self.tool_names is None:  # a ToolExecutor object: its own containment
+            outputs: list[Any] = [self.tools.execute(call, self.row) for call in begun.state["calls"]]
+        else:
+            outputs = [run_local(job) for job in begun.jobs]
+        return self.end_step(begun, outputs)
+
+    def begin_step(self, turn_text: str, turn_token_ids: list[int]) -> StepResult | PendingStep:
+        """The turn's tool calls (or its answer check) as jobs; parse errors alone finish the step here."""
         parsed = self.format.parse(turn_text)
         if not parsed.calls and not parsed.errors:
-            return self._final_answer(turn_text)
-        results = [self.tools.execute(call, self.row) for call in parsed.calls]
-        results += [ToolResult("?", f"error: {error}", ok=False, reason="parse_error") for error in parsed.errors]
+            name = str(self.row.get("verifier") or self.verifier)
+            metadata = {**self.row, **(self.row.get("metadata") or {})}
+            job = Job(verify_answer, (name, turn_text, metadata), self.timeout_s or 10.0, kind="verify")
+            return PendingStep([job], {"kind": "answer", "verifier": name})
+        calls = list(parsed.calls)
+        jobs = [
+            Job(
+                execute_tool,
+                (self.tool_names, self.max_output_chars, self.timeout_s, call, self.row),
+                self._limits.get(call.name, 1.0),
+            )
+            for call in calls
+        ]
+        pending = PendingStep(jobs, {"kind": "tools", "calls": calls, "errors": list(parsed.errors)})
+        return pending if jobs else self.end_step(pending, [])
+
+    def end_step(self, pending: PendingStep, outputs: list[Any]) -> StepResult:
+        """The step's result from its jobs' outputs (a `JobFailure` is an error result or an unscored answer)."""
+        if pending.state["kind"] == "answer":
+            [score] = outputs
+            name = pending.state["verifier"]
+            failed = isinstance(score, JobFailure)
+            terms = {} if score is None or failed else {name: float(score)}
+            metrics = {"answered": 1.0, "unscored": float(score is None or failed)}
+            if failed:
+                metrics[f"verify_error/{score.reason}"] = 1.0
+            return StepResult(None, terms, done=True, reason="done", metrics=metrics)
+        results = [_as_result(call, out) for call, out in zip(pending.state["calls"], outputs)]
+        results += [
+            ToolResult("?", f"error: {error}", ok=False, reason="parse_error") for error in pending.state["errors"]
+        ]
         metrics = _tool_metrics(results)
         if self.end_on_tool_error and metrics["tool_errors"] > 0:
             return StepResult(None, done=True, reason="tool_error", metrics=metrics)
         return StepResult(Observation(text=self.format.render(results)), metrics=metrics)
 
-    def _final_answer(self, turn_text: str) -> StepResult:
-        from rlvr.rewards.registry import get_reward  # the reward registry is only needed to score
 
-        name = str(self.row.get("verifier") or self.verifier)
-        metadata = {**self.row, **(self.row.get("metadata") or {})}
-        score = get_reward(name).fn(turn_text, metadata)
-        terms = {} if score is None else {name: float(score)}
-        return StepResult(
-            None, terms, done=True, reason="done", metrics={"answered": 1.0, "unscored": float(score is None)}
+def _as_result(call: ToolCall, output: Any) -> ToolResult:
+    """A tool job's output as a `ToolResult` (a timed-out or crashed job: an error result with its reason)."""
+    if isinstance(output, ToolResult):
+        return output
+    if isinstance(output, JobFailure):
+        return ToolResult(
+            call.name, f"error: {output.message}", ok=False, reason=output.reason, latency_s=output.latency_s
         )
+    return ToolResult(call.name, f"error: tool returned {type(output).__name__}", ok=False, reason="crash")
 
 
 def _tool_metrics(results: list[ToolResult]) -> dict[str, float]:

@@ -29,7 +29,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from rlvr.envs.tool_calls import ToolCall, ToolResult, ToolSpec
@@ -327,6 +327,13 @@ BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {
 }
 
 
-def build_toolset(names: list[str], max_output_chars: int = 2000) -> ToolSet:
-    """A tool set from built-in names and user import paths."""
-    return ToolSet([BUILTIN_TOOLS[n]() if n in BUILTIN_TOOLS else load_user_tool(n) for n in names], max_output_chars)
+def build_toolset(names: list[str], max_output_chars: int = 2000, timeout_s: float | None = None) -> ToolSet:
+    """A tool set from built-in names and user import paths; `timeout_s` (when given) is every tool's limit
+    (the `python` tool keeps its extra room for the sandbox's start-up and kill)."""
+    tools = [BUILTIN_TOOLS[n]() if n in BUILTIN_TOOLS else load_user_tool(n) for n in names]
+    if timeout_s is not None:
+        tools = [
+            python_tool(timeout_s=timeout_s) if isinstance(t.fn, PythonTool) else replace(t, timeout_s=timeout_s)
+            for t in tools
+        ]
+    return ToolSet(tools, max_output_chars)

@@ -35,9 +35,11 @@ import ray
 from rlvr.algorithms.filtering import filter_groups
 from rlvr.algorithms.shaping import ShapingConfig, shape_group
 from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.episodes import is_episode, sample_episode_reward
 from rlvr.orchestration.health import EngineFailure, describe
 from rlvr.orchestration.rollouts import RolloutFeeder, is_stale
 from rlvr.orchestration.stats import rollout_metrics
+from rlvr.telemetry.episodes import episode_metrics
 from rlvr.telemetry.logs import get_logger
 from rlvr.types import Group
 
@@ -186,6 +188,7 @@ class RolloutCollector:
         m["time/generation"] = time.perf_counter() - t0 - m.get("time/reward", 0.0)
         m["data/real_batch_size_ratio"] = len(kept) / max(resolved, 1)
         m.update(rollout_metrics(resolved_groups, step))
+        m.update(episode_metrics(resolved_groups))
         return kept, dict(m), uninformative
 
 
@@ -202,21 +205,19 @@ class VerifierScorer:
 
     def __call__(self, groups: list[Group]) -> float:
         t0 = time.perf_counter()
+        scored = [s for g in groups for s in g.samples if not is_episode(s)]  # episodes carry their reward terms
         items = [
             (s.completion_text, {**s.metadata, "finish_reason": s.finish_reason}, s.completion_token_ids)
-            for g in groups
-            for s in g.samples
+            for s in scored
         ]
-        if not items:
-            return 0.0
-        outs = self._score_items(items)
-        results = [None] * len(items)
-        for i, out in enumerate(outs):
-            results[i :: len(outs)] = out
-        k = 0
+        results: list = [None] * len(items)
+        if items:
+            outs = self._score_items(items)
+            for i, out in enumerate(outs):
+                results[i :: len(outs)] = out
+        by_sample = {id(s): r for s, r in zip(scored, results)}
         for g in groups:
-            g.rewards = results[k : k + g.num_samples]
-            k += g.num_samples
+            g.rewards = [by_sample[id(s)] if id(s) in by_sample else sample_episode_reward(s) for s in g.samples]
         return time.perf_counter() - t0
 
     def _score_items(self, items: list) -> list:

@@ -32,6 +32,12 @@ def eval_metrics(groups: list[Group], num_samples: int) -> dict[str, float]:
     return metrics
 
 
+def _eval_turns(episodes: Any, request: Any, engine: int) -> list:
+    """The request itself (single-turn), or the first turns of its episodes (a row routed to an environment)."""
+    env = episodes.route(request)
+    return [request] if env is None else episodes.start(request, env, engine)
+
+
 class Evaluator:
     """Start, finish and run evals on the trainer's engines.
 
@@ -81,8 +87,13 @@ class Evaluator:
             "expected": {(r.prompt_id, j) for r in self.requests for j in range(r.num_samples)},
         }
         n = len(self.actors.engines)
+        episodes = getattr(self.feeder, "episodes", None)
+        if episodes is not None:
+            episodes.drop_eval()  # episodes of an eval dropped earlier never finish: forget them
         try:
             for i, (e, part) in enumerate(zip(self.actors.engines, [self.requests[i::n] for i in range(n)])):
+                if episodes is not None:  # env rows run episodes; their finished samples join eval_samples
+                    part = [t for r in part for t in _eval_turns(episodes, r, i)]
                 if part:
                     engine_get(e.submit.remote(part), i, self.timeout)
         except EngineFailure as e:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from rlvr.orchestration.accounting import PromptLedger
 from rlvr.orchestration.actors import engine_get
+from rlvr.orchestration.episodes import EpisodeRunner
 from rlvr.orchestration.health import EngineFailure
 from rlvr.types import Group, PromptRequest, Sample
 
@@ -23,8 +24,11 @@ from rlvr.types import Group, PromptRequest, Sample
 class RolloutFeeder:
     """Owns the outstanding prompts: who has them, and the re-queue list after a restart."""
 
-    def __init__(self, engines: list, stream, ledger: PromptLedger, timeout_s: float) -> None:
+    def __init__(
+        self, engines: list, stream, ledger: PromptLedger, timeout_s: float, episodes: EpisodeRunner | None = None
+    ) -> None:
         self.engines, self.stream, self.ledger, self.timeout_s = engines, stream, ledger, timeout_s
+        self.episodes = episodes  # multi-turn: prompts routed to an environment run as episodes
         self.outstanding: dict[str, tuple[int, PromptRequest]] = {}  # prompt_id -> (engine index, request)
         self.requests: dict[str, PromptRequest] = {}  # every prompt pulled and not yet resolved
         self._order: dict[str, int] = {}  # prompt_id -> submission sequence number (deterministic batch order)
@@ -67,12 +71,25 @@ class RolloutFeeder:
             self.requests[req.prompt_id] = req
             self._order[req.prompt_id] = self._seq
             self._seq += 1
-            per_engine[idx].append(req)
             n += 1
+            env = self.episodes.route(req) if self.episodes is not None else None
+            if env is None:
+                per_engine[idx].append(req)
+                continue
+            assert self.episodes is not None
+            per_engine[idx].extend(self.episodes.start(req, env, idx))
+        self._submit(per_engine)
+        return n
+
+    def _submit(self, per_engine: dict[int, list[PromptRequest]]) -> None:
+        """Send requests engine by engine; after a failure the prompts not sent are taken back (re-queued) and
+        the failure raised. A turn request's prompt is its episode group's (re-queued whole: it starts over)."""
         failure: EngineFailure | None = None
         for i, reqs in per_engine.items():
             if failure is not None:  # not sent: take them back for the next top-up
-                self.requeue.extend(self.outstanding.pop(r.prompt_id)[1] for r in reqs)
+                for pid in dict.fromkeys(self._prompt_of(r.prompt_id) for r in reqs):
+                    if pid in self.outstanding:
+                        self._take_back(pid)
                 continue
             try:
                 engine_get(self.engines[i].submit.remote(reqs), i, self.timeout_s)
@@ -80,7 +97,16 @@ class RolloutFeeder:
                 failure = e
         if failure is not None:
             raise failure
-        return n
+
+    def _prompt_of(self, request_id: str) -> str:
+        if self.episodes is not None and request_id in self.episodes.turns:
+            return self.episodes.turns[request_id][0]
+        return request_id
+
+    def _take_back(self, prompt_id: str) -> None:
+        self.requeue.append(self.outstanding.pop(prompt_id)[1])
+        if self.episodes is not None:
+            self.episodes.drop(prompt_id)
 
     def poll(self) -> list[Group]:
         """Complete groups returned by the engines since the last poll (non-blocking on the engines).
@@ -96,8 +122,13 @@ class RolloutFeeder:
             except EngineFailure as e:
                 failure = failure or e
         by_prompt: dict[str, list[Sample]] = defaultdict(list)
+        turns: dict[int, list[PromptRequest]] = defaultdict(list)
         for samples in results:
             for s in samples:
+                if self.episodes is not None and self.episodes.owns(s.prompt_id):  # an episode's turn
+                    for req in self.episodes.on_sample(s):
+                        turns[self.episodes.engine_of(req)].append(req)
+                    continue
                 if s.is_eval:  # an overlapped eval: collected by the Evaluator (evaluation.py)
                     self.eval_samples.append(s)
                     continue
@@ -108,10 +139,33 @@ class RolloutFeeder:
                 continue  # an aborted request that finished anyway: already re-queued elsewhere
             del self.outstanding[pid]
             groups.append(Group(prompt_id=pid, samples=sorted(samples, key=lambda s: s.sample_index)))
+        if self.episodes is not None:
+            failure = failure or self._step_episodes(turns, groups)
         if failure is not None:
             self.arrived = groups
             raise failure
         return groups
+
+    def _step_episodes(self, turns: dict[int, list[PromptRequest]], groups: list[Group]) -> EngineFailure | None:
+        """Episodes: job answers, next turns submitted, finished groups into `groups` (eval ones are the
+        Evaluator's); returns a submit failure instead of raising it, so the finished groups are not lost."""
+        assert self.episodes is not None
+        for req in self.episodes.poll_jobs():
+            turns[self.episodes.engine_of(req)].append(req)
+        failure: EngineFailure | None = None
+        try:
+            self._submit(turns)
+        except EngineFailure as e:
+            failure = e
+        for g in self.episodes.take_finished():
+            if g.samples and g.samples[0].is_eval:  # an eval's episodes: collected by the Evaluator
+                self.eval_samples.extend(g.samples)
+                continue
+            if g.prompt_id not in self.outstanding:
+                continue  # re-queued meanwhile: it starts over
+            del self.outstanding[g.prompt_id]
+            groups.append(g)
+        return failure
 
     def outstanding_per_engine(self) -> list[int]:
         load = [0] * len(self.engines)
@@ -146,7 +200,7 @@ class RolloutFeeder:
         """Take back every prompt assigned to an engine (it died or was aborted): they will be resubmitted."""
         ids = [pid for pid, (i, _) in self.outstanding.items() if i == engine_index]
         for pid in ids:
-            self.requeue.append(self.outstanding.pop(pid)[1])
+            self._take_back(pid)
         return ids
 
     def order(self, prompt_id: str) -> int:

@@ -54,11 +54,20 @@ def _worker_main(conn: Connection, settings: RewardsSettings, current_fn: Any) -
         current_fn.value = name.encode()[:127]
 
     scorer.on_call_start = mark
+    baseline_threads = threading.active_count()
     conn.send(("ready",))
     while True:
         task = conn.recv()
         if task is None:
             return
+        if task[0] == "job":
+            # a job that left a thread running (an abandoned tool call) retires this worker: the parent replaces it
+            answer = _run_job(task[1], task[2], task[3], task[4])
+            retire = threading.active_count() > baseline_threads
+            conn.send((*answer, retire))
+            if retire:
+                return
+            continue
         task_id, text, metadata, token_ids = task
         start = time.perf_counter()
         stats: list[CallStats] = []
@@ -90,6 +99,32 @@ def _worker_main(conn: Connection, settings: RewardsSettings, current_fn: Any) -
         conn.send(("result", task_id, result, stats))
 
 
+def _run_job(task_id: int, fn: Any, args: tuple, timeout_s: float) -> tuple:
+    """One `run_tool` job in a worker: ("job", task_id, output or JobFailure-like (reason, message), elapsed)."""
+    start = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+        try:
+            out: Any = ("ok", fn(*args))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _SoftTimeout:
+        out = ("timeout", f"timed out after {timeout_s:g}s")
+    except BaseException as e:  # trust boundary: a tool's crash is this job's failure, never the worker's
+        out = ("crash", f"{type(e).__name__}: {e}"[:500])
+    return ("job", task_id, out, time.perf_counter() - start)
+
+
+@dataclass
+class JobFailure:
+    """A `run_tool` job without an answer: reason "timeout" (soft limit, or killed at the hard one) or "crash"
+    (it raised, or its worker died). `rlvr.envs.jobs` turns it into an error observation."""
+
+    reason: str
+    message: str
+    latency_s: float = 0.0
+
+
 @dataclass
 class _Worker:
     process: Any
@@ -98,6 +133,7 @@ class _Worker:
     ready: bool = False
     task_id: int | None = None
     deadline: float = 0.0
+    started: float = 0.0
 
 
 @dataclass
@@ -146,6 +182,7 @@ class VerifierPool:
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["rlvr.rewards.builtin", "math_verify"])
         self._hard_timeout = self.settings.timeout_s + hard_grace_s
+        self._hard_grace = hard_grace_s
         self._lock = threading.Lock()
         self._space = threading.BoundedSemaphore(self.settings.max_queue)
         self._pending: deque[int] = deque()
@@ -155,6 +192,9 @@ class VerifierPool:
         self._ids = itertools.count()
         self._fn: dict[str, _FnMetrics] = {}
         self._counts = {"timeouts": 0, "crashes": 0, "restarts": 0, "completed": 0}
+        self._jobs: dict[int, tuple[Any, Any, tuple, float]] = {}  # task id -> (job id, fn, args, timeout_s)
+        self._jobs_done: list[tuple[Any, Any]] = []
+        self._job_counts = {"jobs": 0, "job_timeouts": 0, "job_crashes": 0}
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self._closed = False
         self._broken: str | None = None
@@ -172,6 +212,27 @@ class VerifierPool:
         """Batches finished since the last poll, as (batch_id, results in item order). Non-blocking."""
         with self._lock:
             done, self._done = self._done, []
+        return done
+
+    def run_tool(self, job_id: Any, fn: Any, args: tuple, timeout_s: float) -> None:
+        """Queue the job `fn(*args)` (a module-level function: it is pickled by reference) for a worker; never
+        blocks. Its answer comes back through `poll_tools` as `(job_id, fn's return value)`, or a `JobFailure`
+        when it raised, ran past `timeout_s` (SIGALRM in the worker) or did not answer by `timeout_s +
+        hard_grace_s` (the worker is SIGKILLed and replaced), or its worker died."""
+        if self._closed:
+            raise RuntimeError("VerifierPool is closed")
+        with self._lock:
+            task_id = next(self._ids)
+            self._jobs[task_id] = (job_id, fn, tuple(args), float(timeout_s))
+            self._pending.append(task_id)
+        self._wake()
+        if self._broken is not None:
+            self._fail_pending()
+
+    def poll_tools(self) -> list[tuple[Any, Any]]:
+        """`run_tool` jobs finished since the last call, as (job_id, output or JobFailure). Non-blocking."""
+        with self._lock:
+            done, self._jobs_done = self._jobs_done, []
         return done
 
     def score_many(self, items: Sequence[Item], timeout: float | None = None) -> list[RewardResult]:
@@ -196,9 +257,12 @@ class VerifierPool:
             for key, value in self._counts.items():
                 out[f"reward/pool/{key}"] = float(value)
             out["reward/pool/queued"] = float(len(self._tasks))
+            for key, value in self._job_counts.items():
+                out[f"reward/pool/{key}"] = float(value)
             if reset:
                 self._fn.clear()
                 self._counts = dict.fromkeys(self._counts, 0)
+                self._job_counts = dict.fromkeys(self._job_counts, 0)
         return out
 
     def close(self) -> None:
@@ -289,6 +353,29 @@ class VerifierPool:
                 self._finish_batch(batch_id, batch)
         self._space.release()
 
+    def _complete_job(self, task_id: int, out: Any, elapsed: float) -> None:
+        """File a job's answer: ("ok", value) -> value; (reason, message) -> JobFailure."""
+        with self._lock:
+            job_id = self._jobs.pop(task_id)[0]
+            self._job_counts["jobs"] += 1
+            if out[0] == "ok":
+                self._jobs_done.append((job_id, out[1]))
+                return
+            self._job_counts["job_timeouts" if out[0] == "timeout" else "job_crashes"] += 1
+            self._jobs_done.append((job_id, JobFailure(out[0], out[1], elapsed)))
+
+    def _retire(self, i: int) -> None:
+        """Worker i retires after its answer (a job left a thread running in it): join it, start a new one."""
+        w = self._workers[i]
+        w.process.join(timeout=5)
+        if w.process.is_alive():
+            w.process.kill()
+            w.process.join(timeout=5)
+        w.conn.close()
+        with self._lock:
+            self._counts["restarts"] += 1
+        self._workers[i] = self._start_worker()
+
     def _fail_worker(self, i: int, status: str, message: str) -> None:
         """Kill worker i (if alive), give its row a None result, and start a replacement."""
         w = self._workers[i]
@@ -297,7 +384,11 @@ class VerifierPool:
             w.process.kill()
         w.process.join(timeout=5)
         w.conn.close()
-        if w.task_id is not None:
+        if w.task_id is not None and w.task_id in self._jobs:
+            elapsed = time.monotonic() - w.started
+            self._complete_job(w.task_id, ("timeout" if status == "timeout" else "crash", f"{message}"), elapsed)
+            self._startup_failures = 0
+        elif w.task_id is not None:
             _, _, (text, metadata, _) = self._tasks[w.task_id]
             try:
                 keys = self._scorer.keys(metadata)
@@ -330,6 +421,9 @@ class VerifierPool:
         with self._lock:
             pending, self._pending = list(self._pending), deque()
         for task_id in pending:
+            if task_id in self._jobs:
+                self._complete_job(task_id, ("crash", str(self._broken)), 0.0)
+                continue
             self._complete(task_id, RewardResult(scores={}, total=None, status="error", error=self._broken), [])
 
     def _loop(self) -> None:
@@ -339,10 +433,17 @@ class VerifierPool:
                 for w in self._workers:
                     if w.ready and w.task_id is None and self._pending:
                         w.task_id = self._pending.popleft()
-                        _, _, (text, metadata, token_ids) = self._tasks[w.task_id]
-                        w.deadline = now + self._hard_timeout
+                        w.started = now
+                        if w.task_id in self._jobs:
+                            _, fn, args, limit = self._jobs[w.task_id]
+                            w.deadline = now + limit + self._hard_grace
+                            message: tuple = ("job", w.task_id, fn, args, limit)
+                        else:
+                            _, _, (text, metadata, token_ids) = self._tasks[w.task_id]
+                            w.deadline = now + self._hard_timeout
+                            message = (w.task_id, text, metadata, token_ids)
                         try:
-                            w.conn.send((w.task_id, text, metadata, token_ids))
+                            w.conn.send(message)
                         except OSError:
                             pass  # the worker died; its sentinel fires below
             busy = [w.deadline for w in self._workers if w.task_id is not None]
@@ -365,6 +466,11 @@ class VerifierPool:
                     elif msg[0] == "ready":
                         w.ready = True
                         self._startup_failures = 0
+                    elif msg[0] == "job":
+                        w.task_id = None
+                        self._complete_job(msg[1], msg[2], msg[3])
+                        if msg[4]:
+                            self._retire(i)
                     else:
                         _, task_id, result, stats = msg
                         w.task_id = None

@@ -1,0 +1,112 @@
+"""The `env` config section made usable: which rows run episodes, their environments, limits and tokenization.
+
+- Routing: a row (its request metadata) with an `env` column runs that environment; a row without one runs
+  `env.name` when set, else stays single-turn (`EnvSettings.route` returns None).
+- Environments are made per episode with `env.params`, plus `tools`, `tool_format`, `end_on_tool_error` and the
+  tool timeout when the section sets them (for `ToolEnv`-style factories; a user environment takes what its
+  factory accepts).
+- `check_env` is the start-up check (run before any actor starts; a ValueError naming the field): every
+  environment named by the section or by the data is known, and `max_total_tokens` fits the model's context.
+- `observation_tokenizer`: the tokenizer's chat template when it has one (and the data applies it); otherwise plain text (messages joined
+  by newlines; an observation turn is its content on its own line), as the tiny CPU model's prompts are.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlvr.config.sections import EnvConfig
+from rlvr.envs.base import Environment
+from rlvr.envs.episode import EpisodeLimits
+from rlvr.envs.registry import get_env
+from rlvr.envs.turns import ObservationTokenizer, TurnTemplate
+
+ENV_COLUMN = "env"
+
+
+@dataclass
+class EnvSettings:
+    """What the collector needs from `cfg.env` (module docstring)."""
+
+    name: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    explicit: set[str] = field(default_factory=set)
+    """Keys of `env.params` (given by the user: passed to every factory)."""
+
+    @classmethod
+    def from_config(cls, env: EnvConfig) -> EnvSettings:
+        params: dict[str, Any] = dict(env.params)
+        explicit = set(params)
+        if env.tools:
+            params.setdefault("tools", list(env.tools))
+        if env.tool_format:
+            params.setdefault("tool_format", env.tool_format)
+        if env.end_on_tool_error:
+            params.setdefault("end_on_tool_error", True)
+        params.setdefault("timeout_s", env.tool_timeout_s)
+        limits = EpisodeLimits(env.max_turns, env.max_tokens_per_turn, env.max_total_tokens)
+        return cls(env.name, params, limits, explicit)
+
+    def route(self, metadata: dict[str, Any]) -> str | None:
+        """The environment a row runs, or None (single-turn)."""
+        name = metadata.get(ENV_COLUMN)
+        if isinstance(name, str) and name:
+            return name
+        return self.name or None
+
+    def make(self, name: str) -> Environment:
+        """A fresh environment for one episode. The section's tool settings go only to a factory that takes
+        them (a keyword of that name, or **kwargs); `env.params` always go as given."""
+        factory = get_env(name)
+        return factory(**{k: v for k, v in self.params.items() if k in self.explicit or _takes(factory, k)})
+
+
+def _takes(factory: Any, key: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return True
+    return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def observation_tokenizer(tokenizer: Any, chat_template: bool = True) -> ObservationTokenizer:
+    """Observation tokenization for `tokenizer` (module docstring); `chat_template` False (the data's
+    `apply_chat_template` off) renders plain text even when the tokenizer has a template."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        return ObservationTokenizer(tokenizer, TurnTemplate.from_chat_template(tokenizer, role="user"))
+    return PlainObservationTokenizer(tokenizer, TurnTemplate(tokenizer.eos_token or "", "\n", "", "\n"))
+
+
+class PlainObservationTokenizer(ObservationTokenizer):
+    """No chat template: the first observation's messages are joined by newlines (module docstring)."""
+
+    def first(self, observation: Any) -> list[int]:
+        if observation.token_ids is None and observation.messages is not None:
+            text = "\n".join(str(m.get("content", "")) for m in observation.messages if m.get("content"))
+            return self.encode(text + "\n")
+        return super().first(observation)
+
+
+def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = None) -> None:
+    """Start-up checks of the `env` section (module docstring); raises ValueError naming the field."""
+    env = cfg.env
+    names = ([env.name] if env.name else []) + sorted(data_envs or ())
+    for name in names:
+        field_name = "--env.name" if name == env.name else f"the data's `{ENV_COLUMN}` column"
+        try:
+            get_env(name)
+        except ValueError as e:
+            raise ValueError(f"{field_name}: {e}") from e
+    if names and model_context is not None and env.max_total_tokens > model_context:
+        raise ValueError(
+            f"--env.max-total-tokens ({env.max_total_tokens}) exceeds the model's context "
+            f"({model_context} positions, max_position_embeddings): lower it to at most {model_context}"
+        )
+    if names and cfg.learner.pack_length < env.max_total_tokens:
+        raise ValueError(
+            f"--learner.pack-length ({cfg.learner.pack_length}) is shorter than an episode may grow "
+            f"(--env.max-total-tokens {env.max_total_tokens}): raise the pack length or lower the limit"
+        )

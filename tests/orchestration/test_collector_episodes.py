@@ -1,0 +1,338 @@
+"""Multi-turn episodes in the collector (rlvr/orchestration/episodes.py), in-process: a FakeTurnEngine answers
+turn requests through the feeder's non-blocking submit/poll with scripted policy turns; tool calls and answer
+checks run in a real `VerifierPool` (worker processes). Covered: the token-exact transcript, per-turn versions,
+rewards from the environment's terms, exact prompt accounting with async_steps 1, routing (rows without `env`
+stay single-turn), hung tools, aborts and engine failures restarting episodes from scratch, lost jobs."""
+
+from __future__ import annotations
+
+import re
+import string
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rlvr.algorithms.shaping import ShapingConfig
+from rlvr.envs.episode import EpisodeLimits
+from rlvr.envs.jobs import Job
+from rlvr.envs.settings import EnvSettings, observation_tokenizer
+from rlvr.envs.tasks import lookup_rows
+from rlvr.models.tiny import build_tokenizer
+from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.collector import RolloutCollector
+from rlvr.orchestration.episodes import EpisodeRunner, PoolToolRunner, is_episode, sample_episode_reward
+from rlvr.orchestration.health import EngineFailure
+from rlvr.orchestration.rollouts import RolloutFeeder
+from rlvr.rewards.pool import VerifierPool
+from rlvr.rewards.scorer import RewardsSettings
+from rlvr.types import Group, PromptRequest, RewardResult, Sample, SamplingParams
+
+G = 3
+CALL = '<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
+
+
+def spin() -> str:
+    """A tool that never returns and holds the GIL (loaded by the pool's workers as `test_collector_episodes:spin`)."""
+    while True:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer([string.printable] * 2 + ["<tool_call>", "</tool_call>", "lookup", "item", "boxed"], 300)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Any:
+    with VerifierPool(RewardsSettings(num_workers=2, timeout_s=5.0), hard_grace_s=1.0) as p:
+        yield p
+
+
+class _Call:
+    def __init__(self, fn) -> None:
+        self.remote = fn
+
+
+class FakeTurnEngine:
+    """Answers each turn request (num_samples must be 1) by the next poll: it looks up the item the prompt asks
+    about, then answers with the code it was shown (or `wrong` codes for chosen episodes). Records every request;
+    `abort_once` aborts the first turn of those request ids' episodes once; its version moves when told."""
+
+    def __init__(self, tokenizer: Any, wrong: set[int] | None = None) -> None:
+        self.tok, self.wrong = tokenizer, wrong or set()
+        self.version = 0
+        self.queue: list[PromptRequest] = []
+        self.requests: list[PromptRequest] = []
+        self.produced: dict[str, list[int]] = {}
+        self.abort_once: set[str] = set()
+        self.fail_next_poll = False
+        self.bump_after_poll = False
+        self.submit, self.poll, self.stats = _Call(self._submit), _Call(self._poll), _Call(lambda: {})
+
+    def _submit(self, requests: list[PromptRequest]) -> None:
+        self.queue += requests
+        self.requests += requests
+
+    def _text(self, req: PromptRequest) -> str:
+        transcript = self.tok.decode(req.prompt_token_ids)
+        seen = re.findall(r"<tool_response>\s*(\d+)\s*</tool_response>", transcript)
+        if not seen:
+            item = re.search(r"item ([A-Z]\d)", transcript)
+            return CALL.format(key=f"item {item.group(1) if item else 'A0'}")
+        episode = int(req.prompt_id.rsplit("~ep", 1)[1].split(".")[0])
+        return "\\boxed{%s}" % ("1" if episode in self.wrong else seen[-1])
+
+    def _poll(self) -> list[Sample]:
+        if self.fail_next_poll:
+            self.fail_next_poll = False
+            raise EngineFailure(0, "died: test")
+        out = []
+        for r in self.queue:
+            if "~ep" not in r.prompt_id:  # a single-turn request: G completions at once
+                out += [Sample(r.prompt_id, j, r.prompt_token_ids, [5], "x", [-1.0], "stop", 0, 0) for j in range(G)]
+                continue
+            assert r.num_samples == 1
+            if r.prompt_id in self.abort_once:
+                self.abort_once.discard(r.prompt_id)
+                out.append(Sample(r.prompt_id, 0, r.prompt_token_ids, [], "", [], "abort", self.version, self.version))
+                continue
+            ids = self.tok.encode(self._text(r), add_special_tokens=False)[: r.sampling.max_new_tokens - 1]
+            ids.append(self.tok.eos_token_id)
+            self.produced[r.prompt_id] = ids
+            lps = [-0.25 - 0.001 * i for i in range(len(ids))]
+            out.append(Sample(r.prompt_id, 0, r.prompt_token_ids, ids, "", lps, "stop", self.version, self.version))
+        self.queue = []
+        if self.bump_after_poll:
+            self.version += 1
+        return out
+
+
+class EnvStream:
+    """Lookup rows as requests (metadata = the row, as PromptStream builds it); `plain` rows have no env column."""
+
+    def __init__(self, tokenizer: Any, limit: int, plain: set[int] | None = None) -> None:
+        self.rows = lookup_rows("train", limit, seed=1)
+        self.tok, self.n, self.plain, self.counters = tokenizer, 0, plain or set(), {}
+
+    def next_request(self) -> PromptRequest | None:
+        if self.n >= len(self.rows):
+            return None
+        row = dict(self.rows[self.n])
+        if self.n in self.plain:
+            del row["env"]
+        self.n += 1
+        ids = self.tok.encode(row["prompt"], add_special_tokens=False)
+        return PromptRequest(f"p{self.n - 1}", ids, G, SamplingParams(seed=self.n), metadata=row, prompt_text="")
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+
+def _score(groups: list[Group]) -> float:
+    for g in groups:
+        if is_episode(g.samples[0]):
+            g.rewards = [sample_episode_reward(s) for s in g.samples]
+        else:
+            g.rewards = [RewardResult({"r": v}, v, v > 0) for v in [1.0] + [0.0] * (g.num_samples - 1)]
+    return 0.0
+
+
+def _setup(tokenizer, pool, limit=12, tools=None, limits=None, runner_tools=None, clock=None, **engine_kw):
+    settings = EnvSettings.from_config(SimpleNamespace(**{**_ENV, **({"tools": tools} if tools else {})}))
+    if limits is not None:
+        settings.limits = limits
+    runner = EpisodeRunner(
+        settings,
+        observation_tokenizer(tokenizer, chat_template=False),  # plain text, as the tiny CPU preset
+        runner_tools or PoolToolRunner(pool),
+        **({"clock": clock} if clock else {}),
+    )
+    engine, ledger = FakeTurnEngine(tokenizer, **engine_kw), PromptLedger()
+    feeder = RolloutFeeder([engine], EnvStream(tokenizer, limit), ledger, timeout_s=120.0, episodes=runner)
+    rollout = SimpleNamespace(
+        prompts_per_step=2,
+        async_steps=1,
+        active_sampling=False,
+        filter_zero_variance=False,
+        max_pull_factor=4.0,
+        timeout_s=120.0,
+    )
+    c = RolloutCollector(feeder, ledger, rollout, ShapingConfig(64), _score, on_engine_failure=_requeue(feeder))
+    return c, engine, ledger, runner
+
+
+_ENV = {
+    "name": "",
+    "params": {},
+    "tools": [],
+    "tool_format": "",
+    "end_on_tool_error": False,
+    "tool_timeout_s": 2.0,
+    "max_turns": 4,
+    "max_tokens_per_turn": 64,
+    "max_total_tokens": 1024,
+}
+
+
+def _requeue(feeder: RolloutFeeder):
+    def on_failure(e: EngineFailure) -> None:
+        feeder.requeue_from(e.index)
+
+    return on_failure
+
+
+def _train(c: RolloutCollector, ledger: PromptLedger, groups: list[Group], engine: FakeTurnEngine) -> None:
+    for g in groups:
+        c.finish(g.prompt_id, "trained")
+    c.advance()
+    engine.version += 1
+    ledger.check()
+
+
+def test_episodes_are_token_exact_scored_and_accounted_with_async_steps_1(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=8, wrong={2})
+    trained: list[str] = []
+    for step in range(8):
+        collected = c.collect(step)
+        if collected is None:
+            break
+        groups, m = collected
+        assert groups and all(g.num_samples == G for g in groups)
+        assert m["env/episodes"] == len(groups) * G and m["env/end_reason/done"] == len(groups) * G
+        assert m["env/turns_mean"] == 2.0 and m["env/tool_calls_mean"] == 1.0 and m["env/tool_errors_mean"] == 0
+        assert 0 < m["env/observation_token_share_mean"] < 1
+        for g in groups:
+            assert [r.correct for r in g.rewards] == [True, True, False]  # episode 2 answers a wrong code
+            assert [r.total for r in g.rewards] == [1.0, 1.0, 0.0]
+            for s in g.samples:
+                _check_exact(s, engine, tokenizer)
+        trained += [g.prompt_id for g in groups]
+        _train(c, ledger, groups, engine)
+    counts = ledger.counts()
+    # every prompt finished exactly once: trained, or dropped as stale (its episodes spanned too many versions)
+    assert len(trained) == len(set(trained)) == counts["trained"] and counts["trained"] >= 4
+    assert counts["trained"] + counts.get("dropped_stale", 0) == 8 and not ledger.in_flight
+    assert not runner.groups and not runner.turns and not runner.jobs
+    assert all(r.num_samples == 1 for r in engine.requests)  # one request per turn, never G at once
+
+
+def _check_exact(s: Sample, engine: FakeTurnEngine, tokenizer: Any) -> None:
+    """The completion is the engine's turn ids and the observation ids, in order; the mask marks the engine's."""
+    mask = s.metadata["completion_loss_mask"]
+    turns = [r for r in engine.requests if r.prompt_id.startswith(f"{s.prompt_id}~ep{s.sample_index}.")]
+    assert len(turns) == len(s.metadata["turns"]) == 2
+    for req, (start, end, version, _finish) in zip(turns, s.metadata["turns"]):
+        ids = engine.produced[req.prompt_id]
+        assert s.completion_token_ids[start:end] == ids and mask[start:end] == [1] * len(ids)
+        assert s.logprobs[start:end] == [-0.25 - 0.001 * i for i in range(len(ids))]
+        # the turn was generated from exactly the transcript so far (never re-rendered)
+        assert req.prompt_token_ids == (s.prompt_token_ids + s.completion_token_ids)[: len(s.prompt_token_ids) + start]
+        assert version == s.version_start
+    first_end, second_start = s.metadata["turns"][0][1], s.metadata["turns"][1][0]
+    assert second_start > first_end and mask[first_end:second_start] == [0] * (second_start - first_end)
+    assert all(lp == 0.0 for lp in s.logprobs[first_end:second_start])
+    roles = [t["role"] for t in s.metadata["transcript"]]
+    assert roles == ["assistant", "tool", "assistant"] and s.metadata["transcript"][1]["text"].startswith("<tool_")
+
+
+def test_rows_without_env_stay_single_turn(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=4)
+    c.feeder.stream.plain = {1, 3}
+    groups, _ = c.collect(0)
+    _train(c, ledger, groups, engine)
+    groups += c.collect(1)[0]
+    plain = [r for r in engine.requests if "~ep" not in r.prompt_id]
+    assert [r.prompt_id for r in plain] == ["p1", "p3"] and all(r.num_samples == G for r in plain)
+    by_id = {g.prompt_id: g for g in groups}
+    assert sorted(by_id) == ["p0", "p1", "p2", "p3"]
+    assert [is_episode(by_id[p].samples[0]) for p in sorted(by_id)] == [True, False, True, False]
+
+
+def test_each_turn_carries_the_version_it_was_generated_with(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2)
+    engine.bump_after_poll = True  # an in-flight weight update between every two turns
+    groups, _ = c.collect(0)
+    for s in (s for g in groups for s in g.samples):
+        first, second = (t[2] for t in s.metadata["turns"])
+        assert second > first and (s.version_start, s.version_end) == (first, second)
+
+
+def test_a_hung_tool_is_an_error_observation_not_a_stalled_step(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2, tools=["test_collector_episodes:spin"])
+    engine._text = lambda req: (  # call the spinning tool once, then give up with an answer
+        "\\boxed{0}"
+        if "<tool_response>" in tokenizer.decode(req.prompt_token_ids)
+        else '<tool_call>{"name": "spin", "arguments": {}}</tool_call>'
+    )
+    groups, m = c.collect(0)
+    assert m["env/episodes"] == 2 * G and m["env/tool_error/timeout_mean"] == 1.0
+    for s in (s for g in groups for s in g.samples):
+        assert s.metadata["end_reason"] == "done" and "timed out" in s.metadata["transcript"][1]["text"]
+    assert pool.metrics()["reward/pool/restarts"] >= 1  # the spinning workers were killed and replaced
+
+
+def test_an_aborted_turn_restarts_its_episode_from_scratch(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2)
+    engine.abort_once = {"p0~ep1.0.1"}  # episode 1 of p0: its second turn is aborted once
+    groups, _ = c.collect(0)
+    s = next(g for g in groups if g.prompt_id == "p0").samples[1]
+    assert s.metadata["attempt"] == 1 and s.metadata["end_reason"] == "done" and len(s.metadata["turns"]) == 2
+    restarted = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~ep1.1.")]
+    assert restarted == ["p0~ep1.1.0", "p0~ep1.1.1"]  # the new attempt starts at turn 0
+    assert runner.counts["restarts"] == 1
+
+
+def test_an_engine_failure_requeues_and_restarts_the_episodes_exactly_once(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=6)
+    engine.fail_next_poll = True
+    trained = []
+    for step in range(3):
+        groups, _ = c.collect(step)
+        trained += [g.prompt_id for g in groups]
+        _train(c, ledger, groups, engine)
+    assert sorted(trained) == [f"p{i}" for i in range(6)]
+    firsts = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~ep0.")]
+    assert firsts.count("p0~ep0.0.0") == 2  # submitted, lost with the engine, submitted again from turn 0
+
+
+class SilentTools:
+    """A tool runner whose jobs never answer (a dead verifier actor)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+
+    def submit(self, job_id: str, job: Job) -> None:
+        self.jobs.append(job)
+
+    def poll(self) -> list:
+        return []
+
+
+def test_a_job_the_pool_never_answers_times_out_at_the_runner(tokenizer, pool) -> None:
+    now = [0.0]
+    tools = SilentTools()
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2, runner_tools=tools, clock=lambda: now[0])
+    engine._text = lambda req: (  # look up once, then answer whatever came back
+        "\\boxed{0}" if "<tool_response>" in tokenizer.decode(req.prompt_token_ids) else CALL.format(key="item A0")
+    )
+    c.feeder.top_up(2, limit=2)
+    c.feeder.poll()  # first turns answered: lookups sent to the silent runner
+    assert len(tools.jobs) == 2 * G and not c.feeder.poll()
+    now[0] = 1e6  # far past every job's deadline
+    c.feeder.poll()  # lost lookups answered with a timeout error; the second turns go out
+    c.feeder.poll()  # the answers' checks go to the silent runner too
+    now[0] = 2e6
+    groups = c.feeder.poll()
+    assert len(groups) == 2 and runner.counts["lost_jobs"] == 4 * G
+    for s in (s for g in groups for s in g.samples):
+        assert s.metadata["episode_metrics"]["tool_error/timeout"] == 1.0
+        assert s.metadata["episode_metrics"]["verify_error/timeout"] == 1.0
+        assert sample_episode_reward(s).total == 0.0  # the answer check was lost: unscored, no reward
+
+
+def test_limits_end_episodes_with_their_reason(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2, limits=EpisodeLimits(1, 64, 1024))
+    groups, m = c.collect(0)
+    assert m["env/end_reason/max_turns"] == 2 * G and m["env/turns_mean"] == 1.0
+    assert all(not r.correct and r.total == 0.0 for g in groups for r in g.rewards)
