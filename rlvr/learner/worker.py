@@ -104,6 +104,7 @@ class LearnerWorker:
         self.consecutive_skips = 0
         self.lora = lora.LoraSpec.from_config(cfg)
         self.model_path = model_path
+        self._adapter: lora.AdapterParams | None = None  # resolved at the first sync (named_weights)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -245,16 +246,14 @@ class LearnerWorker:
         the end on all ranks. Rank 0, the sender, gets tensors it may keep; the others only drain it.
 
         With LoRA only the adapter goes out, under PEFT's on-disk names, in the base weights' dtype (what the
-        engines compute the adapter in; bf16 halves the bytes of fp32 adapters), as views into one host buffer:
-        one device-to-host copy for the whole adapter instead of one per tensor (hundreds)."""
+        engines compute the adapter in; bf16 halves the bytes of fp32 adapters), as an `lora.AdapterSnapshot` of
+        the parameters resolved once (no state-dict rebuild per sync): iterated, one device-to-host copy for the
+        whole adapter; the CUDA IPC sender reads the live parameters instead (`AdapterSnapshot.live`)."""
         if self.lora is None:
-            yield from self.backend.named_weights(copy=self.rank == 0)
-            return
-        base_dtype = next(p for p in self.model.parameters() if not p.requires_grad).dtype
-        tensors = lora.adapter_tensors(self.model)
-        flat = torch.cat([t.reshape(-1).to(base_dtype) for t in tensors.values()]).cpu()
-        for (name, t), part in zip(tensors.items(), torch.split(flat, [t.numel() for t in tensors.values()])):
-            yield name, part.view(t.shape)
+            return self.backend.named_weights(copy=self.rank == 0)
+        if self._adapter is None:
+            self._adapter = lora.AdapterParams(self.model)
+        return self._adapter.snapshot()
 
     @torch.no_grad()
     def score(self, prompt_token_ids: list[int], completion_token_ids: list[int]) -> list[float]:

@@ -97,6 +97,64 @@ def adapter_tensors(model: Any) -> dict[str, torch.Tensor]:
     return peft.get_peft_model_state_dict(model, adapter_name=ADAPTER_NAME, save_embedding_layers=False)
 
 
+class AdapterParams:
+    """The adapter's live parameters under PEFT on-disk names, resolved once per model (peft's
+    `get_peft_model_state_dict` names and order, mapped to the parameters by `module_name`): a sync reads them
+    without rebuilding a state dict. Holds the `Parameter` objects, so it follows an optimizer or DeepSpeed that
+    swaps a parameter's `.data`. `dtype`: the frozen base's dtype, what engines compute the adapter in and what
+    crosses the wire."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        params = dict(model.named_parameters())
+        names = list(adapter_tensors(model))
+        missing = [n for n in names if module_name(n) not in params]
+        assert not missing, f"adapter tensors without a parameter: {missing[:3]}"
+        self.items = [(n, params[module_name(n)]) for n in names]
+        frozen = next((p for p in model.parameters() if not p.requires_grad), None)
+        self.dtype = frozen.dtype if frozen is not None else self.items[0][1].dtype
+
+    def live(self) -> list[tuple[str, torch.Tensor]]:
+        """(PEFT name, the parameter's live tensor, detached): valid until the next optimizer step."""
+        return [(n, p.detach()) for n, p in self.items]
+
+    def host_copy(self) -> list[tuple[str, torch.Tensor]]:
+        """Fresh CPU copies in `dtype`, as views into one host tensor: one device-to-host copy for the whole adapter
+        instead of one per tensor (hundreds)."""
+        live = self.live()
+        flat = torch.cat([t.reshape(-1).to(self.dtype) for _, t in live]).cpu()
+        parts = torch.split(flat, [t.numel() for _, t in live])
+        return [(n, part.view(t.shape)) for (n, t), part in zip(live, parts)]
+
+    def snapshot(self) -> AdapterSnapshot:
+        return AdapterSnapshot(self)
+
+
+class AdapterSnapshot:
+    """One sync's adapter, handed to a weight sender (`rlvr.weight_sync.transport`): iterating it yields fresh host
+    copies (`AdapterParams.host_copy`, made at the first `next`), what the gloo and shm senders move; a sender that
+    reads device memory itself (the CUDA IPC one) takes `live()` instead, which ends the iteration, so that draining
+    the snapshot afterwards (`send_all`) copies nothing."""
+
+    def __init__(self, params: AdapterParams) -> None:
+        self.params, self.dtype = params, params.dtype
+        self._items: Iterator[tuple[str, torch.Tensor]] | None = None
+        self._taken = False
+
+    def __iter__(self) -> AdapterSnapshot:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        if self._taken:
+            raise StopIteration
+        if self._items is None:
+            self._items = iter(self.params.host_copy())
+        return next(self._items)
+
+    def live(self) -> list[tuple[str, torch.Tensor]]:
+        self._taken = True
+        return self.params.live()
+
+
 def adapter_parameter_names(model: torch.nn.Module) -> list[str]:
     """Live names of the adapter parameters (the ones that train)."""
     return [n for n, _ in model.named_parameters() if ".lora_A." in n or ".lora_B." in n]
@@ -110,6 +168,12 @@ def to_module_names(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple
 def adapter_config_dict(spec: LoraSpec, base_model_path: str | None) -> dict[str, Any]:
     """adapter_config.json as peft writes it (what vLLM's PEFTHelper and `peft.LoraConfig` read)."""
     return spec.peft_config(base_model_path).to_dict()
+
+
+def plain_adapter_config(spec: LoraSpec, base_model_path: str | None) -> dict[str, Any]:
+    """`adapter_config_dict` as plain JSON data (what adapter_config.json holds; what the "lora_ipc" transport
+    hands the engines instead of the file)."""
+    return _jsonable(adapter_config_dict(spec, base_model_path))
 
 
 def write_adapter_dir(named: Iterable[tuple[str, torch.Tensor]], config: dict[str, Any], out_dir: str | Path) -> Path:
@@ -236,7 +300,8 @@ def sweep_dead(root: Path) -> int:
 
 def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
     """AsyncEngineArgs for serving one rlvr adapter: LoRA on, the smallest `max_lora_rank` vLLM takes that holds
-    the rank, one adapter slot on the GPU and one in vLLM's CPU cache (the policy's, replaced in place)."""
+    the rank, one adapter slot on the GPU and one in vLLM's CPU cache (the policy's, replaced in place), and rlvr's
+    worker extension (`rlvr.rollout.vllm_lora_ipc`: the CUDA IPC load)."""
     from rlvr.config.validation import VLLM_LORA_RANKS
 
     fits = [r for r in VLLM_LORA_RANKS if r >= spec.rank]
@@ -244,7 +309,14 @@ def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
         raise ValueError(
             f"--learner.lora-rank {spec.rank} exceeds the largest rank vLLM serves ({max(VLLM_LORA_RANKS)})"
         )
-    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1, "max_cpu_loras": 1}
+    return {
+        "enable_lora": True,
+        "max_lora_rank": fits[0],
+        "max_loras": 1,
+        "max_cpu_loras": 1,
+        # the worker method that loads an adapter from the learner's GPU memory (transport "lora_ipc")
+        "worker_extension_cls": "rlvr.rollout.vllm_lora_ipc.LoraIpcWorkerExtension",
+    }
 
 
 class SharedMemoryAdapters:

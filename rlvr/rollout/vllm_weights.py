@@ -1,5 +1,6 @@
 """The vLLM engine's weight updates (engine side): vLLM's weight-transfer sessions (NCCL broadcast, CUDA IPC chunks)
-and LoRA adapters loaded in place. `VLLMWeightUpdates` is a mixin of `rlvr.rollout.vllm_engine.VLLMEngine`, split out
+and LoRA adapters loaded in place, from a PEFT directory (`add_lora`) or from the learners' shared GPU buffer
+(`load_adapter_ipc`: rlvr's worker extension, `rlvr.rollout.vllm_lora_ipc`, through `collective_rpc`). `VLLMWeightUpdates` is a mixin of `rlvr.rollout.vllm_engine.VLLMEngine`, split out
 of it; the update protocol and its invariants are that module's docstring. vllm is imported only inside methods (they
 run on the GPU machine only), so importing this module needs no vllm.
 
@@ -62,6 +63,13 @@ class VLLMWeightUpdates:
     def load_adapter_dir(self, path: str, version: int) -> None:
         """LoRA: serve the PEFT adapter directory at `path` (on this host) from now on, loaded in place."""
         self._call(self._adapter_update(path, version))
+
+    def load_adapter_ipc(self, desc: dict[str, Any], version: int) -> dict[str, float]:
+        """LoRA: serve the adapter in the learners' shared GPU buffers from now on (`desc`: the "lora_ipc"
+        descriptor, `rlvr.weight_sync.lora_ipc`), loaded in place by every worker; returns the phases' seconds."""
+        if self._adapters is None:
+            raise ValueError(f"engine {self.engine_id}: load_adapter_ipc needs LoRA (--learner.lora-rank > 0)")
+        return self._call(self._adapter_ipc_update(desc, version))
 
     # ------------------------------------------------------------------ weight transfer (NCCL, CUDA IPC)
     def init_weight_transfer(
@@ -180,6 +188,37 @@ class VLLMWeightUpdates:
         self._lora_request = LoRARequest(ADAPTER_NAME, LORA_ID, path)
         t2 = time.perf_counter()
         return {"sync/pause_s": pause_s, "sync/receive_load_s": t2 - t1, **await self._finish_update(version, False)}
+
+    async def _adapter_ipc_update(self, desc: dict[str, Any], version: int) -> dict[str, float]:
+        """pause -> every worker loads the adapter from the shared buffer into slot `LORA_ID` -> policy_version =
+        version -> resume."""
+        from vllm.lora.request import LoRARequest
+
+        from rlvr.rollout.vllm_lora_ipc import RPC_METHOD
+
+        t0 = time.perf_counter()
+        pause_s = await self._begin_update(transfer=False)
+        t1 = time.perf_counter()
+        try:
+            done = await self._llm.collective_rpc(RPC_METHOD, args=(desc, LORA_ID))
+        except BaseException as exc:
+            self._fail(exc)
+            self._updating = False
+            raise
+        if self._lora_request is None:
+            # requests must name a path, which vLLM reads only to load an adapter it does not hold; this one is
+            # registered by the call above and never evicted (one adapter, max_loras = max_cpu_loras = 1). The path
+            # does not exist, so an unexpected reload fails loudly instead of serving a stale adapter.
+            self._lora_request = LoRARequest(ADAPTER_NAME, LORA_ID, os.path.join(self._adapters.root, "in-gpu-memory"))
+        t2 = time.perf_counter()
+        out = await self._finish_update(version, False)
+        return {
+            "sync/pause_s": pause_s,
+            "sync/receive_load_s": t2 - t1,
+            "sync/worker_load_s": max((float(r["seconds"]) for r in done or []), default=0.0),
+            **out,
+            "sync/engine_total_s": time.perf_counter() - t0,
+        }
 
     async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
         t0 = time.perf_counter()

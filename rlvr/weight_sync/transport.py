@@ -6,6 +6,9 @@
 - "ipc": colocated CUDA IPC chunks (`rlvr.weight_sync.ipc`); learner rank 0 delivers each chunk to every engine.
 - "shm": LoRA with every engine on learner rank 0's host: rank 0 writes a PEFT adapter directory to shared memory
   (`rlvr.rollout.lora.SharedMemoryAdapters`) and hands its path over; each engine loads it from there.
+- "lora_ipc": LoRA with vLLM engines colocated on the learners' GPUs: every rank copies the adapter into one GPU buffer
+  shared once through CUDA IPC (`rlvr.weight_sync.lora_ipc`); each engine loads it from there into its adapter slot
+  (`rlvr.rollout.vllm_lora_ipc`). No disk, no state dict. `RLVR_LORA_SYNC=shm` picks "shm" instead.
 
 One sync, for every kind (the driver's side is `rlvr.orchestration.weight_updates.WeightUpdater`, which follows
 `STEPS[kind]`): [engines `begin()`: pause before the send, where `steps.begin`] -> every learner rank `send(named,
@@ -22,6 +25,7 @@ the transformers engine copies tensors in with `rlvr.rollout.weights.copy_named_
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -33,9 +37,13 @@ Named = Iterable[tuple[str, torch.Tensor]]
 Deliver = Callable[[dict[str, Any]], None]
 """`deliver(chunk_info)`: load one IPC chunk into every engine, returning once all have (rank 0's sender calls it)."""
 
-KINDS = ("gloo", "nccl", "ipc", "shm")
+KINDS = ("gloo", "nccl", "ipc", "shm", "lora_ipc")
+LORA_SYNC_ENV = "RLVR_LORA_SYNC"
+"""`shm`: LoRA syncs to colocated vLLM engines go through adapter directories in shared memory (the path before
+"lora_ipc", kept for comparison and as a fallback); `auto` (default): CUDA IPC where the engines are colocated."""
 HANDOFF = "handoff"
-"""Key of a sender's result carrying what every engine's `receive` gets (the adapter directory for "shm")."""
+"""Key of a sender's result carrying what every engine's `receive` gets (the adapter directory for "shm", the
+shared buffer's descriptor for "lora_ipc")."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ STEPS = {
     "nccl": Steps(begin=False, concurrent=True),
     "ipc": Steps(begin=True, concurrent=False),
     "shm": Steps(begin=False, concurrent=False),
+    "lora_ipc": Steps(begin=False, concurrent=False),
 }
 
 
@@ -63,10 +72,15 @@ def steps(kind: str) -> Steps:
 
 def pick_kind(*, gpu: bool, vllm: bool, lora: bool, colocate: bool, one_host: bool = False) -> str:
     """gloo on CPU (and for the transformers engine); CUDA IPC when vLLM engines share the learners' GPUs; else NCCL
-    through vLLM's weight-transfer API. LoRA moves only the adapter (about 1% of the weights, CPU tensors), never
-    through vLLM's weight-transfer API: "shm" where every engine shares learner rank 0's host (`one_host`), else
-    gloo."""
+    through vLLM's weight-transfer API. LoRA moves only the adapter (about 1% of the weights), never through vLLM's
+    weight-transfer API: "lora_ipc" when vLLM engines share the learners' GPUs (unless `RLVR_LORA_SYNC=shm`), else
+    "shm" where every engine shares learner rank 0's host (`one_host`), else gloo."""
     if lora:
+        mode = os.environ.get(LORA_SYNC_ENV, "auto")
+        if mode not in ("auto", "shm"):
+            raise ValueError(f"{LORA_SYNC_ENV}={mode!r}: choose auto (CUDA IPC where colocated) or shm")
+        if mode == "auto" and gpu and vllm and colocate:
+            return "lora_ipc"
         return "shm" if one_host else "gloo"
     if not gpu or not vllm:
         return "gloo"
@@ -239,10 +253,18 @@ def make_sender(
     metadata); `lora`/`model_path`: the adapter's `LoraSpec` and base model (for "shm"). Blocks, for "gloo"/"nccl"
     on rank 0, until every engine joined: build concurrently with the engines' `make_receiver`. `previous`: this
     rank's sender before a reconnect (an engine replaced); "shm" keeps it, and its directories, which the engines'
-    requests name."""
+    requests name; "lora_ipc" keeps it, and its shared buffer."""
     _check_kind(kind)
     if kind == "shm" and isinstance(previous, ShmSender) and previous.rank == rank:
         return previous
+    if kind == "lora_ipc":
+        from rlvr.weight_sync.lora_ipc import LoraIpcSender
+
+        if isinstance(previous, LoraIpcSender) and previous.rank == rank:
+            return previous  # its buffer and handles stay valid; a replaced engine opens them at its first load
+        from rlvr.rollout.lora import plain_adapter_config
+
+        return LoraIpcSender(rank, plain_adapter_config(lora, model_path))
     if kind == "gloo":
         from rlvr.weight_sync.gloo import GlooWeightGroup
 
@@ -340,6 +362,25 @@ class AdapterDirReceiver:
         pass
 
 
+class AdapterIpcReceiver:
+    """ "lora_ipc": the vLLM engine loads the adapter from the learners' shared GPU buffers (the handed-over
+    descriptor)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def begin(self) -> float:
+        return 0.0
+
+    def receive(self, version: int, info: Any = None) -> dict[str, float]:
+        t0 = time.perf_counter()
+        phases = self.engine.load_adapter_ipc(info, version)  # pause / load / finish seconds
+        return {**phases, "sync/load_s": time.perf_counter() - t0}
+
+    def close(self) -> None:
+        pass
+
+
 def make_receiver(
     kind: str,
     engine: Any,
@@ -363,5 +404,7 @@ def make_receiver(
         )
     if kind == "shm":
         return AdapterDirReceiver(engine)
+    if kind == "lora_ipc":
+        return AdapterIpcReceiver(engine)
     engine.init_weight_transfer(addr, port, rank, world_size, timeout_s)  # NCCL: blocks until the group is whole
     return NcclReceiver(engine) if kind == "nccl" else IpcReceiver(engine)

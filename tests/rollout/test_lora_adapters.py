@@ -86,6 +86,7 @@ def test_stores_of_dead_processes_are_swept(tmp_path):
 @pytest.mark.parametrize("rank, max_rank", [(1, 1), (2, 8), (8, 8), (12, 16), (300, 320), (512, 512)])
 def test_vllm_gets_the_smallest_max_lora_rank_that_holds_the_rank(rank, max_rank):
     args = lora.vllm_engine_args(lora.LoraSpec(rank, 16, 0.0, ("q_proj",)))
+    assert args.pop("worker_extension_cls") == "rlvr.rollout.vllm_lora_ipc.LoraIpcWorkerExtension"  # lora_ipc loads
     assert args == {"enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1, "max_cpu_loras": 1}
 
 

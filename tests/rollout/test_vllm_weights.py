@@ -1,8 +1,9 @@
 """The vLLM engine's weight updates (rlvr.rollout.vllm_weights, mixed into VLLMEngine) without a GPU: a fake `vllm`
 package (only the names the engine imports) stands in sys.modules for this test, and a fake AsyncLLM logs what the
 engine asks of it. Checked: pause -> start session -> update -> finish session -> version stamp -> resume for NCCL and
-CUDA IPC, the IPC handles pickled for vLLM's RPC, LoRA adapters added in place under one id, a failed update marking
-the engine failed, and that the engine no longer offers `load_weights` (full weights only through vLLM's API)."""
+CUDA IPC, the IPC handles pickled for vLLM's RPC, LoRA adapters added in place under one id (from a directory with
+`add_lora`, or from the learner's shared GPU buffer through rlvr's worker extension and `collective_rpc`), a failed
+update marking the engine failed, and that the engine no longer offers `load_weights` (full weights only through vLLM's API)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class FakeAsyncLLM:
     @classmethod
     def from_engine_args(cls, args: Any, stat_loggers: Any = None) -> FakeAsyncLLM:
         llm = cls()
-        llm.args, llm.updates, llm.loras, llm.inits = args, [], [], []
+        llm.args, llm.updates, llm.loras, llm.inits, llm.rpcs = args, [], [], [], []
         return llm
 
     async def pause_generation(self, mode: str, clear_cache: bool) -> None:
@@ -65,6 +66,13 @@ class FakeAsyncLLM:
         self.loras.append(request)
         self.log.append("add_lora")
         return True
+
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: Any = None):
+        if self.fail_update:
+            raise RuntimeError("worker broke")
+        self.rpcs.append((method, args))
+        self.log.append(f"rpc {method}")
+        return [{"seconds": 0.001}]  # one worker's result
 
     async def init_weight_transfer_engine(self, request: Any) -> None:
         self.inits.append(request.init_info)
@@ -188,6 +196,39 @@ def test_lora_adapter_replaced_in_place(fake_vllm: type[FakeAsyncLLM]) -> None:
         engine.shutdown()
 
 
+def test_lora_adapter_from_shared_gpu_memory(fake_vllm: type[FakeAsyncLLM]) -> None:
+    import os
+
+    from rlvr.rollout.vllm_lora_ipc import RPC_METHOD
+    from rlvr.rollout.vllm_weights import LORA_ID
+    from rlvr.weight_sync.transport import make_receiver
+
+    engine = make_engine(lora_rank=4)
+    try:
+        assert engine._llm.args.worker_extension_cls == "rlvr.rollout.vllm_lora_ipc.LoraIpcWorkerExtension"
+        receiver = make_receiver("lora_ipc", engine)
+        assert engine._llm.inits == []  # no weight-transfer group for adapters
+        desc = {"key": "k1", "version": 5, "names": ["base_model.model.q.lora_A.weight"], "handles": {}}
+        out = receiver.receive(5, desc)
+        assert fake_vllm.log == ["pause keep", f"rpc {RPC_METHOD}", "resume"]  # no session, no add_lora
+        assert engine._llm.rpcs == [(RPC_METHOD, (desc, LORA_ID))] and engine._llm.loras == []
+        assert engine.policy_version == 5 and engine.stats()["num_updates"] == 1
+        req = engine._lora_request  # what requests carry from now on: the adapter id vLLM holds
+        assert req.lora_id == LORA_ID and not req.load_inplace and not os.path.exists(req.path)
+        keys = {"sync/pause_s", "sync/receive_load_s", "sync/worker_load_s", "sync/finish_s", "sync/engine_total_s"}
+        assert keys | {"sync/load_s"} <= out.keys() and out["sync/worker_load_s"] == 0.001
+        receiver.receive(6, desc)
+        assert engine._lora_request is req and engine.policy_version == 6
+        fake_vllm.fail_update = True
+        with pytest.raises(RuntimeError, match="worker broke"):
+            receiver.receive(7, desc)
+        with pytest.raises(EngineError, match="worker broke"):
+            engine.poll()
+        assert engine.policy_version == 6
+    finally:
+        engine.shutdown()
+
+
 def test_no_load_weights_and_adapters_need_lora(fake_vllm: type[FakeAsyncLLM]) -> None:
     from rlvr.rollout.vllm_engine import VLLMEngine
 
@@ -196,6 +237,8 @@ def test_no_load_weights_and_adapters_need_lora(fake_vllm: type[FakeAsyncLLM]) -
     try:
         with pytest.raises(ValueError, match="needs LoRA"):
             engine.load_adapter([], 1)
+        with pytest.raises(ValueError, match="needs LoRA"):
+            engine.load_adapter_ipc({}, 1)
     finally:
         engine.shutdown()
 

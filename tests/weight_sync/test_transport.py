@@ -3,7 +3,8 @@
 real senders and receivers (a real gloo group on localhost; NCCL, CUDA IPC and the adapter store faked below them)
 behind a fake Ray whose `.remote` calls run on threads. Checked: the order of gather, send, pause, load, version stamp
 and resume (and, for sleeping colocated engines, wake weights -> update -> wake KV cache), what every engine ends
-holding, which metrics come back, and that an engine dying mid-update names it."""
+holding, which metrics come back, and that an engine dying mid-update names it. For "lora_ipc" the CUDA IPC handles
+are an in-process registry of CPU buffers, one per learner rank's "GPU"; each engine reads the one on its own."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from rlvr.orchestration import weight_updates
 from rlvr.orchestration.health import EngineFailure
 from rlvr.rollout.lora import read_adapter_dir, write_adapter_dir
 from rlvr.weight_sync import transport
+from rlvr.weight_sync.lora_ipc import LoraIpcSender
 from rlvr.weight_sync.nccl import weight_metadata
 from rlvr.weight_sync.transport import (
     HANDOFF,
     KINDS,
     AdapterDirReceiver,
+    AdapterIpcReceiver,
     IpcReceiver,
     IpcSender,
     NcclReceiver,
@@ -108,6 +111,16 @@ class FakeEngine:
     def load_adapter_dir(self, path: str, version: int) -> None:
         _, tensors = read_adapter_dir(path)
         self.load_weights(tensors.items(), version)
+
+    # lora_ipc: the buffer on this engine's "GPU" (gpu-<index>), read through the descriptor's layout
+    def load_adapter_ipc(self, desc: dict, version: int) -> dict[str, float]:
+        self.log.add(f"e{self.i} pause")
+        flat = SHARED[desc["handles"][f"gpu-{self.i}"]["handle"]].view(getattr(torch, desc["dtype"]))
+        for name, shape, offset in zip(desc["names"], desc["shapes"], desc["offsets"]):
+            self.held[name] = flat[offset : offset + torch.Size(shape).numel()].view(shape).clone()
+            self.log.add(f"e{self.i} load {name}")
+        self._stamp(version)
+        return {"sync/pause_s": 0.01, "sync/receive_load_s": 0.02}
 
     # vLLM weight transfer
     def init_weight_transfer(self, addr, port, rank, world_size, timeout_s) -> None:
@@ -191,6 +204,29 @@ class FakeAdapters:
 
     def close(self) -> None:
         self.closed = True
+
+
+SHARED: dict[bytes, torch.Tensor] = {}
+"""The fake CUDA IPC: handle -> the shared buffer (one process, so the buffer itself)."""
+
+
+def fake_share(buf: torch.Tensor) -> dict[str, Any]:
+    key = f"buf{len(SHARED)}".encode()
+    SHARED[key] = buf
+    return {"nbytes": buf.numel(), "handle": key}
+
+
+class FakeAllGather:
+    """torch.distributed.all_gather_object over `n` learner ranks running on threads."""
+
+    def __init__(self, n: int) -> None:
+        self.got: list[dict] = []
+        self.barrier = threading.Barrier(n, timeout=30)
+
+    def __call__(self, mine: dict) -> list[dict]:
+        self.got.append(mine)
+        self.barrier.wait()
+        return list(self.got)
 
 
 # ------------------------------------------------------------------ fake Ray actors and a fake `ray` to call them
@@ -300,6 +336,13 @@ def build(kind: str, log: Log, tmp_path: Path, num_learners: int = 2) -> tuple[S
             IpcSender(r, meta, make=lambda deliver: FakeIpcWeightSender(deliver, log)) for r in range(num_learners)
         ]
         receivers = [make_receiver("ipc", e) for e in engines]
+    elif kind == "lora_ipc":
+        gather = FakeAllGather(num_learners)
+        senders = [
+            LoraIpcSender(r, {"r": 2}, share=fake_share, device_id=lambda d, r=r: f"gpu-{r}", all_gather=gather)
+            for r in range(num_learners)
+        ]
+        receivers = [make_receiver("lora_ipc", e) for e in engines]
     else:
         senders = [ShmSender(r, FakeAdapters(tmp_path, log) if r == 0 else None) for r in range(num_learners)]
         receivers = [make_receiver("shm", e) for e in engines]
@@ -361,6 +404,8 @@ def test_sync_order_and_result(kind: str, asleep: bool, fake_ray: None, tmp_path
         assert out["sync/engine_pause_s_max"] == 0.01 and out["sync/engine_load_s_max"] == 0.0
     if kind == "ipc":
         assert out["sync/num_chunks"] == len(want) and out["sync/engine_finish_s_max"] == 0.02
+    if kind == "lora_ipc":
+        assert out["sync/engine_receive_load_s_max"] == 0.02 and out["sync/engine_load_s_max"] >= 0
 
 
 def test_engine_dying_mid_update_is_named(fake_ray: None, tmp_path: Path) -> None:
@@ -407,6 +452,30 @@ def test_ipc_rank_zero_needs_delivery() -> None:
 def test_reconnect_keeps_the_adapter_store(tmp_path: Path) -> None:
     old = ShmSender(0, FakeAdapters(tmp_path, Log()))
     assert make_sender("shm", rank=0, previous=old) is old
+    shared = LoraIpcSender(0, {}, share=fake_share, device_id=lambda d: "gpu-0")
+    assert make_sender("lora_ipc", rank=0, previous=shared) is shared  # the engines keep its handles
+
+
+def test_lora_ipc_shares_its_buffer_once_and_hands_over_only_a_descriptor() -> None:
+    shares: list[torch.Tensor] = []
+
+    def share(buf: torch.Tensor) -> dict[str, Any]:
+        shares.append(buf)
+        return fake_share(buf)
+
+    sender = LoraIpcSender(0, {"r": 2}, share=share, device_id=lambda d: "gpu-0")
+    first = sender.send(weights(), 1)
+    changed = [(n, t + 1) for n, t in weights()]
+    second = sender.send(changed, 2)
+    assert len(shares) == 1  # one buffer, shared once; a sync only refills it
+    d1, d2 = first[HANDOFF], second[HANDOFF]
+    assert d1["key"] == d2["key"] and d1["handles"] == d2["handles"] and d2["version"] == 2
+    assert d2["names"] == [n for n, _ in weights()] and d2["shapes"] == [list(t.shape) for _, t in weights()]
+    flat = SHARED[d2["handles"]["gpu-0"]["handle"]].view(torch.float32)
+    assert torch.equal(flat, torch.cat([t.reshape(-1) for _, t in changed]))
+    assert second["sync/bytes"] == sum(t.numel() * 4 for _, t in weights())
+    with pytest.raises(ValueError, match="changed names or shapes"):
+        sender.send(weights()[:2], 3)
 
 
 def test_factories_know_every_kind_and_refuse_others() -> None:
@@ -424,6 +493,8 @@ def test_factories_know_every_kind_and_refuse_others() -> None:
     assert isinstance(make_receiver("nccl", engine), NcclReceiver)
     assert isinstance(make_receiver("ipc", engine), IpcReceiver)
     assert isinstance(make_receiver("shm", engine), AdapterDirReceiver)
+    assert isinstance(make_receiver("lora_ipc", engine), AdapterIpcReceiver)
+    assert transport.ranks_per_engine("lora_ipc", 1) == 1 and not transport.steps("lora_ipc").concurrent
     assert transport.ranks_per_engine("nccl", 4) == 4 and transport.ranks_per_engine("ipc", 4) == 1
 
 
@@ -434,13 +505,26 @@ def test_factories_know_every_kind_and_refuse_others() -> None:
         (True, False, False, False, False, "gloo"),
         (True, True, False, False, False, "nccl"),
         (True, True, False, True, False, "ipc"),
-        (True, True, True, True, False, "gloo"),
+        (True, True, True, True, False, "lora_ipc"),
+        (True, True, True, True, True, "lora_ipc"),
+        (True, False, True, True, True, "shm"),  # the transformers engine: no CUDA IPC loader
+        (True, True, True, False, False, "gloo"),
         (True, True, True, False, True, "shm"),
         (False, False, True, False, True, "shm"),
     ],
 )
 def test_pick_kind(gpu: bool, vllm: bool, lora: bool, colocate: bool, one_host: bool, want: str) -> None:
     assert pick_kind(gpu=gpu, vllm=vllm, lora=lora, colocate=colocate, one_host=one_host) == want
+
+
+def test_lora_sync_env_selects_the_shared_memory_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = {"gpu": True, "vllm": True, "lora": True, "colocate": True}
+    monkeypatch.setenv(transport.LORA_SYNC_ENV, "shm")
+    assert pick_kind(**args, one_host=True) == "shm" and pick_kind(**args) == "gloo"
+    assert pick_kind(gpu=True, vllm=True, lora=False, colocate=True) == "ipc"  # full weights: unaffected
+    monkeypatch.setenv(transport.LORA_SYNC_ENV, "disk")
+    with pytest.raises(ValueError, match="RLVR_LORA_SYNC='disk'"):
+        pick_kind(**args)
 
 
 def test_learner_get_names_the_rank_that_died(fake_ray: None) -> None:
