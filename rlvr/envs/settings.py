@@ -110,3 +110,15 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
             f"--learner.pack-length ({cfg.learner.pack_length}) is shorter than an episode may grow "
             f"(--env.max-total-tokens {env.max_total_tokens}): raise the pack length or lower the limit"
         )
+
+
+def model_context(model_dir: str) -> int | None:
+    """The model's context length (`max_position_embeddings` of its config.json), None when unknown."""
+    import json
+    from pathlib import Path
+
+    try:
+        value = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) else None

@@ -7,7 +7,8 @@ different object (or naming one by import path "pkg.module:Class" to `get_format
 - `render(results) -> str`: the observation content for those calls' results;
 - `describe(tools) -> str`: the instructions for a system prompt (tool schemas and the call syntax).
 
-The default, `QwenFormat` ("qwen"), is the Hermes/Qwen2.5 convention:
+Formats: `QwenFormat` ("qwen", the default) and `CompactFormat` ("compact": `?K3` -> "4821", for tiny models).
+The default, `QwenFormat`, is the Hermes/Qwen2.5 convention:
 
     <tool_call>
     {"name": "lookup", "arguments": {"key": "K"}}
@@ -157,7 +158,32 @@ class QwenFormat:
         )
 
 
-FORMATS: dict[str, type] = {"qwen": QwenFormat}
+class CompactFormat:
+    """`?K3` calls one tool (`tool`, default `lookup`) with `{argument: key_prefix + "K3"}`; the observation is the
+    results' contents joined by spaces (e.g. "4821"). For tiny models: a call is a few tokens, and every character
+    is one the lookup task's prompts already use. A turn without `?NAME` is the final answer."""
+
+    def __init__(self, tool: str = "lookup", argument: str = "key", key_prefix: str = "item ", max_calls: int = 2):
+        self.tool, self.argument, self.key_prefix, self.max_calls = tool, argument, key_prefix, max_calls
+        self._call = re.compile(r"\?\s*([A-Za-z0-9_]+)")
+
+    def parse(self, text: str) -> ParsedCalls:
+        out = ParsedCalls()
+        for match in self._call.finditer(text):
+            if len(out.calls) >= self.max_calls:
+                out.errors.append(f"too many tool calls in one turn (at most {self.max_calls})")
+                break
+            out.calls.append(ToolCall(self.tool, {self.argument: self.key_prefix + match.group(1)}))
+        return out
+
+    def render(self, results: list[ToolResult]) -> str:
+        return " ".join(r.content for r in results)
+
+    def describe(self, tools: list[ToolSpec]) -> str:
+        return "Look up the code of item K3 with ?K3"
+
+
+FORMATS: dict[str, type] = {"qwen": QwenFormat, "compact": CompactFormat}
 
 
 def get_format(name: str, **params: Any) -> ToolCallFormat:

@@ -283,6 +283,12 @@ class VerifierActor(_Base):
     def score(self, items: list[tuple[str, dict, list[int]]], timeout_s: float) -> list[RewardResult]:
         return self.pool.score_many(items, timeout=timeout_s)
 
+    def run_tool(self, job_id: Any, fn: Any, args: tuple, timeout_s: float) -> None:
+        self.pool.run_tool(job_id, fn, args, timeout_s)  # an episode's tool call or answer check (episodes.py)
+
+    def poll_tools(self) -> list[tuple[Any, Any]]:
+        return self.pool.poll_tools()
+
     def metrics(self) -> dict[str, float]:
         return self.pool.metrics(reset=True)
 

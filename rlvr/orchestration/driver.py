@@ -23,6 +23,7 @@ from rlvr.orchestration.accounting import PromptLedger, source_drops
 from rlvr.orchestration.actors import engine_get
 from rlvr.orchestration.checkpoint import CheckpointError, RunDir, load_learners, read_driver_state, write_driver_state
 from rlvr.orchestration.collector import RolloutCollector, VerifierScorer
+from rlvr.orchestration.episodes import build_episode_runner
 from rlvr.orchestration.evaluation import Evaluator
 from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, skipped_steps_message
 from rlvr.orchestration.request_codec import request_from_json, request_to_json
@@ -58,7 +59,8 @@ class Trainer:
         self.timeout = cfg.cluster.actor_timeout_s
         self.faults = fault_hooks or faults.injector()
         self.ledger = PromptLedger()
-        self.feeder = RolloutFeeder(actors.engines, stream, self.ledger, cfg.rollout.timeout_s)
+        episodes = build_episode_runner(cfg, model_dir, actors)  # rows routed to an environment (docs/multi-turn.md)
+        self.feeder = RolloutFeeder(actors.engines, stream, self.ledger, cfg.rollout.timeout_s, episodes)
         self.step = 0  # completed training steps == learner policy version
         self.log = RunLog(run_dir.root, cfg.num_steps, cfg.logging, wandb)
         a = cfg.algorithm

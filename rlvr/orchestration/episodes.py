@@ -361,3 +361,28 @@ class EpisodeRunner:
             samples.append(s)
             rewards.append(episode_reward(e.ep.reward_terms, primary))
         self.finished.append(Group(prompt_id=req.prompt_id, samples=samples, rewards=rewards))
+
+
+def build_episode_runner(cfg: Any, model_dir: str, actors: Any) -> EpisodeRunner:
+    """The trainer's runner: `cfg.env`, the run's tokenizer (read from `model_dir` as every actor does, with the
+    config's chat template override), jobs on the verifier actors. Rows without an environment never touch it."""
+    from transformers import AutoTokenizer
+
+    from rlvr.data.prompts import apply_chat_template_override
+    from rlvr.envs.settings import observation_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_dir)
+    apply_chat_template_override(tokenizer, cfg.model)
+    tokens = observation_tokenizer(tokenizer, chat_template=cfg.data.apply_chat_template)
+    return EpisodeRunner(EnvSettings.from_config(cfg.env), tokens, ActorToolRunner(actors, cfg.cluster.actor_timeout_s))
+
+
+def check_env_at_start(cfg: Any, model_dir: str, stream: Any, eval_requests: list[PromptRequest]) -> None:
+    """Start-up checks of multi-turn (`check_env`): every environment the config or a row names is known, and the
+    limits fit the model. Raises ValueError naming the field (the CLI exits 2)."""
+    from rlvr.envs.settings import ENV_COLUMN, check_env, model_context
+
+    names = {str(r.metadata[ENV_COLUMN]) for r in eval_requests if r.metadata.get(ENV_COLUMN)}
+    for dataset in getattr(stream, "_datasets", []):  # PromptStream's loaded rows: their extra columns
+        names |= {str(row["extra"][ENV_COLUMN]) for row in dataset.rows if (row.get("extra") or {}).get(ENV_COLUMN)}
+    check_env(cfg, model_context(model_dir), names)

@@ -214,6 +214,9 @@ def prepare(
         RewardScorer(cfg.rewards)  # unknown reward names and bad params fail here, before any actor starts
         stream = PromptStream(cfg, tokenizer, known)  # every row checked here, before Ray starts
         evals = eval_requests(cfg, tokenizer, known) if (cfg.eval.every_n_steps or cfg.eval.at_step_0) else []
+        from rlvr.orchestration.episodes import check_env_at_start
+
+        check_env_at_start(cfg, model_dir, stream, evals)  # environments known, episode limits fit the model
     except BaseException:
         # a failed start leaves no stub run directory behind; removed while still locked, so no other driver
         # can have entered it

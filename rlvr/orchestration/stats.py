@@ -7,6 +7,7 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
+from rlvr.telemetry.episodes import episode_record
 from rlvr.types import Group
 
 
@@ -81,6 +82,7 @@ def sample_records(groups: list[Group], step: int, limit: int) -> list[dict[str,
                     "finish_reason": s.finish_reason,
                     "version_start": s.version_start,
                     "version_end": s.version_end,
+                    **episode_record(s.metadata),  # multi-turn: the turns, tool calls and observations apart
                 }
             )
     return out

@@ -7,6 +7,8 @@ Keys (only when the step has episodes), all under `env/`:
   `tool_error/<reason>_mean` per failure reason seen (a counter absent from an episode counts 0 there);
 - `tool_latency_s_per_call`: total tool latency / total tool calls;
 - `end_reason/<reason>`: how many episodes ended for that reason ("done", "max_turns", "turn_length", ...).
+
+`episode_record` adds an episode's turns to its samples.jsonl row.
 """
 
 from __future__ import annotations
@@ -32,3 +34,16 @@ def episode_metrics(groups: list[Any]) -> dict[str, float]:
     for reason, count in sorted(Counter(str(meta.get("end_reason", "")) for meta in records).items()):
         out[f"env/end_reason/{reason}"] = float(count)
     return out
+
+
+def episode_record(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The extra fields of an episode's samples.jsonl row: `turns` ([{role: assistant|tool, text}], policy turns
+    and the observations after them), `end_reason`, `reward_terms` and `episode_metrics`; {} for other samples."""
+    if "transcript" not in metadata:
+        return {}
+    return {
+        "turns": list(metadata["transcript"]),
+        "end_reason": metadata.get("end_reason"),
+        "reward_terms": metadata.get("reward_terms"),
+        "episode_metrics": metadata.get("episode_metrics"),
+    }

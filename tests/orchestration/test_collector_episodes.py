@@ -228,7 +228,9 @@ def _check_exact(s: Sample, engine: FakeTurnEngine, tokenizer: Any) -> None:
         assert s.logprobs[start:end] == [-0.25 - 0.001 * i for i in range(len(ids))]
         # the turn was generated from exactly the transcript so far (never re-rendered)
         assert req.prompt_token_ids == (s.prompt_token_ids + s.completion_token_ids)[: len(s.prompt_token_ids) + start]
-        assert version == s.version_start
+        assert s.version_start <= version <= s.version_end
+    versions = [t[2] for t in s.metadata["turns"]]
+    assert (s.version_start, s.version_end) == (min(versions), max(versions))  # the oldest turn's version first
     first_end, second_start = s.metadata["turns"][0][1], s.metadata["turns"][1][0]
     assert second_start > first_end and mask[first_end:second_start] == [0] * (second_start - first_end)
     assert all(lp == 0.0 for lp in s.logprobs[first_end:second_start])
