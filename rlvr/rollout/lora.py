@@ -5,7 +5,8 @@ Invariants:
   learner's and every engine's adapted model compute the same function from the same tensors.
 - Adapter tensors cross process boundaries and sit on disk under PEFT's on-disk names
   (`base_model.model.<module>.lora_A.weight`, no adapter name): what `peft.get_peft_model_state_dict` returns, what
-  `adapter_model.safetensors` holds and what vLLM reads. `module_name` maps one to the live peft model's parameter.
+  `adapter_model.safetensors` holds and what vLLM reads. `module_name` maps one to the live peft model's parameter;
+  `AdapterParams` resolves that mapping once per model, so a sync reads the live parameters without a state dict.
 - An adapter directory is data only: `adapter_config.json` (JSON) and `adapter_model.safetensors`, read without
   unpickling anything. `write_adapter_dir` writes one into a temporary sibling and renames it, so a reader (vLLM)
   never sees half of one; a checkpoint's adapter files are made atomic by the checkpoint's own rename.
@@ -322,9 +323,11 @@ def vllm_engine_args(spec: LoraSpec) -> dict[str, Any]:
 class SharedMemoryAdapters:
     """Adapter directories for vLLM to load: PEFT directories in shared memory (/dev/shm, a RAM file system; the
     system temp directory where there is none), one per update, written by learner rank 0 when the engines share its
-    host (transport `shm`), else by each vLLM engine from what it received over gloo. vLLM 0.26 loads adapters only from a path (`LoRARequest.lora_path`);
-    trainers that hand it tensors instead (verl's TensorLoRARequest) patch its worker's `_load_adapter`, which this
-    avoids. The engine's workers run on the engine's node, so they read the same memory."""
+    host (transport `shm`), else by each vLLM engine from what it received over gloo. vLLM 0.26's `add_lora` loads
+    adapters only from a path (`LoRARequest.lora_path`); engines colocated with the learners skip the directory
+    (transport `lora_ipc`: rlvr's worker extension loads the tensors from the learner's GPU memory, without patching
+    vLLM's `_load_adapter` as verl's TensorLoRARequest does). The engine's workers run on the engine's node, so they
+    read the same memory."""
 
     def __init__(self, spec: LoraSpec, base_model_path: str, tag: str) -> None:
         import tempfile
