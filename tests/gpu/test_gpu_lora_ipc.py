@@ -32,6 +32,7 @@ BIG = bool(os.environ.get("RLVR_LORA_SYNC_MODEL"))
 
 def _cfg(max_new_tokens: int = 32) -> Any:
     cfg = make_cfg(max_new_tokens=max_new_tokens, colocate=True, gpu_memory_utilization=0.3)
+    cfg.rollout.colocate_sleep = False  # as configs/gpu-lora-7b.yaml and the bench's LoRA runs: the engine stays up
     cfg.learner.lora_rank, cfg.learner.lora_alpha = RANK, 2 * RANK
     cfg.learner.backend = "torch"
     cfg.model.dtype = "bfloat16"
