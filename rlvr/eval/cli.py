@@ -158,10 +158,13 @@ def run_eval(args: EvalArgs) -> dict[str, Any]:
     ks = sorted(set(args.ks or default_ks(cfg.eval.num_samples)))
     scorer = RewardScorer(cfg.rewards)
     engine = build_engine(args, cfg)
+    from rlvr.eval.episodes import EpisodeGenerator
+
+    generator = EpisodeGenerator(engine, cfg, tokenizer)  # rows routed to an environment run episodes
     start = time.perf_counter()
     try:
         summary, rows = evaluate(
-            engine,
+            generator,
             requests,
             scorer,
             ks=ks,
@@ -169,6 +172,7 @@ def run_eval(args: EvalArgs) -> dict[str, Any]:
             extract_answer=None if args.no_majority else default_answer_extractor,
         )
     finally:
+        generator.close()
         engine.shutdown()
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)

@@ -190,5 +190,14 @@ def evaluate(
             sample.metadata = dict(requests[order[sample.prompt_id]].metadata)
     if on_samples is not None:
         on_samples(samples)
-    results = score_samples(scorer, samples)
+    results = score_with_episodes(scorer, samples)
     return summarize(samples, results, ks, extract_answer)
+
+
+def score_with_episodes(scorer: ScorerLike, samples: Sequence[Sample]) -> list[RewardResult]:
+    """`score_samples`, except that an episode's record (multi-turn) is scored by its environment's reward terms."""
+    from rlvr.orchestration.episodes import is_episode, sample_episode_reward
+
+    plain = [s for s in samples if not is_episode(s)]
+    scored = dict(zip(map(id, plain), score_samples(scorer, plain) if plain else []))
+    return [scored[id(s)] if id(s) in scored else sample_episode_reward(s) for s in samples]
