@@ -128,17 +128,29 @@ class VLLMWeightUpdates:
             self._fail(exc)
             raise
 
-    async def _begin_update(self, transfer: bool = True) -> float:
+    async def _begin_update(self, transfer: bool = True, settle: bool = True) -> float:
         t0 = time.perf_counter()
         self._updating = True
         try:
-            await self._llm.pause_generation(mode="keep" if self.inflight_updates else "wait", clear_cache=False)
+            await self._pause(settle)
             if transfer:  # a weight-transfer session (not for LoRA adapters)
                 await self._llm.start_weight_update()
         except BaseException as exc:
             self._fail(exc)
             raise
         return time.perf_counter() - t0
+
+    async def _pause(self, settle: bool) -> None:
+        """vLLM's pause_generation (keep or wait), or, with `settle` off in keep mode, its scheduler pause alone:
+        `AsyncLLM.pause_generation` ends with a fixed 20 ms sleep that only orders the outputs of requests finishing
+        just before the pause (vllm/v1/engine/async_llm.py: "not required for correctness"), and in keep mode running
+        requests go on after the update anyway. Draining (wait mode) always settles."""
+        mode = "keep" if self.inflight_updates else "wait"
+        core = getattr(self._llm, "engine_core", None)
+        if settle or mode != "keep" or not hasattr(core, "pause_scheduler_async"):
+            await self._llm.pause_generation(mode=mode, clear_cache=False)
+        else:
+            await core.pause_scheduler_async(mode=mode, clear_cache=False)
 
     async def _update_chunk(self, update_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
@@ -197,7 +209,7 @@ class VLLMWeightUpdates:
         from rlvr.rollout.vllm_lora_ipc import RPC_METHOD
 
         t0 = time.perf_counter()
-        pause_s = await self._begin_update(transfer=False)
+        pause_s = await self._begin_update(transfer=False, settle=False)  # one RPC between two steps: no settling
         t1 = time.perf_counter()
         try:
             done = await self._llm.collective_rpc(RPC_METHOD, args=(desc, LORA_ID))

@@ -219,12 +219,33 @@ def test_lora_adapter_from_shared_gpu_memory(fake_vllm: type[FakeAsyncLLM]) -> N
         assert keys | {"sync/load_s"} <= out.keys() and out["sync/worker_load_s"] == 0.001
         receiver.receive(6, desc)
         assert engine._lora_request is req and engine.policy_version == 6
+
+        class Core:  # AsyncLLM.engine_core: the scheduler pause without pause_generation's 20 ms settling sleep
+            async def pause_scheduler_async(self, mode: str, clear_cache: bool) -> None:
+                fake_vllm.log.append(f"pause scheduler {mode}")
+
+        engine._llm.engine_core = Core()
+        fake_vllm.log.clear()
+        receiver.receive(7, desc)
+        assert fake_vllm.log == ["pause scheduler keep", f"rpc {RPC_METHOD}", "resume"]
         fake_vllm.fail_update = True
         with pytest.raises(RuntimeError, match="worker broke"):
-            receiver.receive(7, desc)
+            receiver.receive(8, desc)
         with pytest.raises(EngineError, match="worker broke"):
             engine.poll()
-        assert engine.policy_version == 6
+        assert engine.policy_version == 7
+    finally:
+        engine.shutdown()
+
+
+def test_lora_ipc_update_drains_with_vllms_own_pause(fake_vllm: type[FakeAsyncLLM]) -> None:
+    from rlvr.rollout.vllm_lora_ipc import RPC_METHOD
+
+    engine = make_engine(inflight=False, lora_rank=4)
+    try:
+        engine._llm.engine_core = types.SimpleNamespace(pause_scheduler_async=None)  # draining: never used to pause
+        engine.load_adapter_ipc({"key": "k"}, 3)
+        assert fake_vllm.log == ["pause wait", f"rpc {RPC_METHOD}", "reset prefix cache", "resume"]
     finally:
         engine.shutdown()
 
