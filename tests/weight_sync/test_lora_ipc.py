@@ -199,14 +199,23 @@ def test_snapshot_iterates_host_copies_and_hands_live_tensors_to_the_ipc_sender(
     assert LoraIpcSender(1, {}, share=fake_share, device_id=lambda d: "gpu-1").send(learner.named_weights(), 1) == {}
 
 
+class FakeGpuWorker(worker_side.LoraIpcWorkerExtension):
+    """vLLM's GPU worker as the extension sees it: `model_runner.lora_manager` and `device`."""
+
+    def __init__(self, manager: Any) -> None:
+        self.model_runner = SimpleNamespace(lora_manager=manager)
+        self.device = torch.device("cpu")
+
+
 def test_worker_installs_what_the_learner_computes_and_never_writes_its_buffer(learner, fake_vllm) -> None:
-    s, manager, slot = sender(), worker_manager(), worker_side.IpcAdapterSlot()
+    s, manager = sender(), worker_manager()
+    worker = FakeGpuWorker(manager)
     for version, seed in ((1, 1), (2, 2)):
         perturb(learner, seed)
         desc = s.send(learner.named_weights(), version)[HANDOFF]
         shared = SHARED[desc["handles"]["gpu-0"]["handle"]]
         before = shared.clone()
-        out = slot.load(manager, torch.device("cpu"), desc, 1)
+        out = getattr(worker, worker_side.RPC_METHOD)(desc, 1)  # what collective_rpc calls
         assert torch.equal(shared, before)  # vLLM scaled lora_B in the worker's copy, not in the learner's buffer
         want = learner_deltas(learner)
         got = manager._adapter_manager.slot
