@@ -68,3 +68,37 @@ def lookup_rows(
         raise ValueError(f"num_entries must be in [2, {len(ITEM_NAMES)}], got {num_entries}")
     rng = random.Random(TEST_SEED if split == "test" else seed)
     return [_row(rng, split, kind, num_entries) for _ in range(num_rows)]
+
+
+def write_rows(out_dir: str, num_train: int, num_test: int, seed: int = 0, kind: str = "single") -> list[str]:
+    """Write `train.jsonl` and `test.jsonl` of the lookup task under `out_dir` (for configs/tools-cpu.yaml);
+    returns the paths."""
+    import json
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, n in (("train", num_train), ("test", num_test)):
+        path = out / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in lookup_rows(split, n, seed, kind)))
+        paths.append(str(path))
+    return paths
+
+
+if __name__ == "__main__":  # python -m rlvr.envs.tasks OUT_DIR [NUM_TRAIN NUM_TEST [KIND]]
+    import sys
+
+    argv = sys.argv[1:]
+    if not argv:
+        sys.exit("usage: python -m rlvr.envs.tasks OUT_DIR [NUM_TRAIN NUM_TEST [single|sum]]")
+    print(
+        "\n".join(
+            write_rows(
+                argv[0],
+                int(argv[1]) if len(argv) > 1 else 2000,
+                int(argv[2]) if len(argv) > 2 else 64,
+                kind=argv[3] if len(argv) > 3 else "single",
+            )
+        )
+    )
