@@ -36,7 +36,7 @@ class LoraIpcWorkerExtension:
     hence the `rlvr_` prefix."""
 
     def rlvr_load_lora_ipc(self, desc: dict[str, Any], lora_id: int) -> dict[str, float]:
-        """Serve the adapter of this descriptor (`rlvr.weight_sync.lora_ipc.LoraIpcSender`) under `lora_id`."""
+        """Serve the adapter of this descriptor (`rlvr.weight_sync.transport.LoraIpcSender`) under `lora_id`."""
         slot = self.__dict__.get("_rlvr_lora_slot")
         if slot is None:
             slot = self.__dict__["_rlvr_lora_slot"] = IpcAdapterSlot()

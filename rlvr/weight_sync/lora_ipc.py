@@ -1,4 +1,5 @@
-"""LoRA adapters learner -> colocated vLLM engines through CUDA IPC (transport "lora_ipc"): no disk, no state dict.
+"""LoRA adapters learner -> colocated vLLM engines through CUDA IPC (transport "lora_ipc", whose sender is
+`rlvr.weight_sync.transport.LoraIpcSender`): no disk, no state dict.
 
 Every learner rank keeps one flat GPU buffer for the adapter (allocated at its first sync, in the base weights'
 dtype) and shares a CUDA IPC handle to it once; a sync copies the live adapter parameters into it (one batched
@@ -19,15 +20,9 @@ Invariants:
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-
-Share = Callable[[torch.Tensor], dict[str, Any]]
-"""A uint8 buffer -> its IPC handle fields (`share_cuda_buffer`; tests pass an in-process registry)."""
 
 
 def gpu_uuid(device: torch.device) -> str:
@@ -127,59 +122,7 @@ class AdapterBuffer:
         }
 
 
-class LoraIpcSender:
-    """A learner rank's end of "lora_ipc" (`rlvr.weight_sync.transport.WeightSender`): every rank fills its own
-    buffer (each engine reads the one on its GPU); rank 0 returns the descriptor as the handoff."""
-
-    def __init__(
-        self,
-        rank: int,
-        config: dict[str, Any],
-        *,
-        share: Share = share_cuda_buffer,
-        device_id: Callable[[torch.device], str] = gpu_uuid,
-        all_gather: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
-    ) -> None:
-        """`config`: the adapter_config dict (`rlvr.rollout.lora.adapter_config_dict`); `share`, `device_id`,
-        `all_gather` (this rank's handles -> every rank's): CUDA IPC and torch.distributed unless given."""
-        self.rank, self.config = rank, config
-        self.share, self.device_id = share, device_id
-        self.all_gather = all_gather or _all_gather_handles
-        self.buffer: AdapterBuffer | None = None
-        self.handles: dict[str, Any] = {}
-        self.key = ""
-
-    def engine_info(self) -> None:
-        return None
-
-    def send(self, named: Iterable[tuple[str, torch.Tensor]], version: int, deliver: Any = None) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        live = named.live() if hasattr(named, "live") else list(named)  # an AdapterSnapshot: no host copy
-        if not live:
-            raise ValueError("lora_ipc: the learner sent no adapter tensors")
-        if self.buffer is None:  # the first sync: every rank at once (the all-gather is a collective)
-            dtype = getattr(named, "dtype", live[0][1].dtype)
-            self.buffer = AdapterBuffer(live, dtype, live[0][1].device)
-            mine = {self.device_id(self.buffer.raw.device): self.share(self.buffer.raw)}
-            self.handles = {k: v for h in self.all_gather(mine) for k, v in h.items()}
-            self.key = uuid.uuid4().hex
-        self.buffer.fill(live)
-        if self.rank != 0:
-            return {}
-        from rlvr.weight_sync.transport import HANDOFF
-
-        return {
-            HANDOFF: {"key": self.key, "version": version, "handles": self.handles, "config": self.config}
-            | self.buffer.layout(),
-            "sync/seconds": time.perf_counter() - t0,
-            "sync/bytes": float(self.buffer.raw.numel()),
-        }
-
-    def close(self) -> None:
-        self.buffer = None
-
-
-def _all_gather_handles(mine: dict[str, Any]) -> list[dict[str, Any]]:
+def all_gather_handles(mine: dict[str, Any]) -> list[dict[str, Any]]:
     """Every learner rank's {gpu uuid: handle} (torch.distributed's default group, when there is one)."""
     import torch.distributed as dist
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -235,6 +236,61 @@ class ShmSender:
             self.adapters.close()
 
 
+class LoraIpcSender:
+    """A learner rank's end of "lora_ipc" (`rlvr.weight_sync.transport.WeightSender`): every rank fills its own
+    buffer (each engine reads the one on its GPU); rank 0 returns the descriptor as the handoff."""
+
+    def __init__(
+        self,
+        rank: int,
+        config: dict[str, Any],
+        *,
+        share: Callable[[torch.Tensor], dict[str, Any]] | None = None,
+        device_id: Callable[[torch.device], str] | None = None,
+        all_gather: Callable[[dict[str, Any]], list[dict[str, Any]]] | None = None,
+    ) -> None:
+        """`config`: the adapter_config dict (`rlvr.rollout.lora.adapter_config_dict`); `share`, `device_id`,
+        `all_gather` (this rank's handles -> every rank's): CUDA IPC and torch.distributed unless given (tests pass an
+        in-process registry)."""
+        from rlvr.weight_sync.lora_ipc import all_gather_handles, gpu_uuid, share_cuda_buffer
+
+        self.rank, self.config = rank, config
+        self.share, self.device_id = share or share_cuda_buffer, device_id or gpu_uuid
+        self.all_gather = all_gather or all_gather_handles
+        self.buffer: Any = None  # a rlvr.weight_sync.lora_ipc.AdapterBuffer, from the first send
+        self.handles: dict[str, Any] = {}
+        self.key = ""
+
+    def engine_info(self) -> None:
+        return None
+
+    def send(self, named: Named, version: int, deliver: Deliver | None = None) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        live = named.live() if hasattr(named, "live") else list(named)  # an AdapterSnapshot: no host copy
+        if not live:
+            raise ValueError("lora_ipc: the learner sent no adapter tensors")
+        if self.buffer is None:  # the first sync: every rank at once (the all-gather is a collective)
+            dtype = getattr(named, "dtype", live[0][1].dtype)
+            from rlvr.weight_sync.lora_ipc import AdapterBuffer
+
+            self.buffer = AdapterBuffer(live, dtype, live[0][1].device)
+            mine = {self.device_id(self.buffer.raw.device): self.share(self.buffer.raw)}
+            self.handles = {k: v for h in self.all_gather(mine) for k, v in h.items()}
+            self.key = uuid.uuid4().hex
+        self.buffer.fill(live)
+        if self.rank != 0:
+            return {}
+        return {
+            HANDOFF: {"key": self.key, "version": version, "handles": self.handles, "config": self.config}
+            | self.buffer.layout(),
+            "sync/seconds": time.perf_counter() - t0,
+            "sync/bytes": float(self.buffer.raw.numel()),
+        }
+
+    def close(self) -> None:
+        self.buffer = None
+
+
 def make_sender(
     kind: str,
     *,
@@ -258,8 +314,6 @@ def make_sender(
     if kind == "shm" and isinstance(previous, ShmSender) and previous.rank == rank:
         return previous
     if kind == "lora_ipc":
-        from rlvr.weight_sync.lora_ipc import LoraIpcSender
-
         if isinstance(previous, LoraIpcSender) and previous.rank == rank:
             return previous  # its buffer and handles stay valid; a replaced engine opens them at its first load
         from rlvr.rollout.lora import plain_adapter_config

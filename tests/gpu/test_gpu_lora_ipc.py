@@ -47,7 +47,7 @@ class _Learner:
 
         from rlvr.learner.worker import LearnerWorker
         from rlvr.rollout.lora import SharedMemoryAdapters, plain_adapter_config
-        from rlvr.weight_sync.lora_ipc import LoraIpcSender
+        from rlvr.weight_sync.transport import LoraIpcSender
 
         self.w = LearnerWorker(_cfg(), model_dir, 0, 1, "127.0.0.1", 0, "cuda")
         assert self.w.lora is not None

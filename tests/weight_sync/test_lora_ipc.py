@@ -22,8 +22,7 @@ from rlvr.data import builtin_corpus
 from rlvr.models.tiny import build_tiny_model_dir
 from rlvr.rollout import lora
 from rlvr.rollout import vllm_lora_ipc as worker_side
-from rlvr.weight_sync.lora_ipc import LoraIpcSender
-from rlvr.weight_sync.transport import HANDOFF, send_all
+from rlvr.weight_sync.transport import HANDOFF, LoraIpcSender, send_all
 
 pytest.importorskip("peft")
 

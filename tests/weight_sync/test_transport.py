@@ -24,7 +24,6 @@ from rlvr.orchestration import weight_updates
 from rlvr.orchestration.health import EngineFailure
 from rlvr.rollout.lora import read_adapter_dir, write_adapter_dir
 from rlvr.weight_sync import transport
-from rlvr.weight_sync.lora_ipc import LoraIpcSender
 from rlvr.weight_sync.nccl import weight_metadata
 from rlvr.weight_sync.transport import (
     HANDOFF,
@@ -33,6 +32,7 @@ from rlvr.weight_sync.transport import (
     AdapterIpcReceiver,
     IpcReceiver,
     IpcSender,
+    LoraIpcSender,
     NcclReceiver,
     NcclSender,
     ShmSender,
