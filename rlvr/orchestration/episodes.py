@@ -227,6 +227,8 @@ class EpisodeRunner:
 
     def poll_jobs(self) -> list[PromptRequest]:
         """Job answers (and jobs past their deadline); returns the turn requests to submit next."""
+        if not self.jobs:
+            return []  # nothing to ask the pool (single-turn runs never do)
         answers = self.tools.poll()
         now = self.clock()
         for job_id, (_, _, _, _, deadline) in list(self.jobs.items()):

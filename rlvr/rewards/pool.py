@@ -15,6 +15,12 @@ Invariants:
 - Workers are started with "forkserver" (default) or "spawn", never fork: the caller may hold threads.
 - Config errors (unknown function names, bad params) raise ValueError in the constructor, since the parent
   builds a scorer first.
+- Jobs (`run_tool` / `poll_tools`: multi-turn tool calls and answer checks, docs/multi-turn.md): a module-level
+  function and its arguments run in a worker like a row, under the job's own `timeout_s` (SIGALRM) and hard
+  limit (`timeout_s + hard_grace_s`, then SIGKILL and a new worker). Every job gets exactly one answer: the
+  function's return value, or a `JobFailure` ("timeout" or "crash"). `run_tool` never blocks (no back-pressure:
+  the number of episodes in flight bounds the jobs). A worker left with a running thread after a job (an
+  abandoned tool call) retires after answering and is replaced.
 """
 
 from __future__ import annotations
@@ -386,7 +392,15 @@ class VerifierPool:
         w.conn.close()
         if w.task_id is not None and w.task_id in self._jobs:
             elapsed = time.monotonic() - w.started
-            self._complete_job(w.task_id, ("timeout" if status == "timeout" else "crash", f"{message}"), elapsed)
+            limit = self._jobs[w.task_id][3]
+            if status == "timeout":
+                failure = (
+                    "timeout",
+                    f"timed out after {limit:g}s (no answer by the hard limit; its worker was killed)",
+                )
+            else:
+                failure = ("crash", message)
+            self._complete_job(w.task_id, failure, elapsed)
             self._startup_failures = 0
         elif w.task_id is not None:
             _, _, (text, metadata, _) = self._tasks[w.task_id]
