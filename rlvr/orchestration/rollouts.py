@@ -168,9 +168,15 @@ class RolloutFeeder:
         return failure
 
     def outstanding_per_engine(self) -> list[int]:
+        """Prompts each engine has work for (the health check's "load"): an episode group counts only while one of
+        its turns is on the engine, not while all its episodes wait for tool jobs (no tokens are due then)."""
+        waiting: set[str] = set()
+        if self.episodes is not None:
+            generating = {pid for pid, _ in self.episodes.turns.values()}
+            waiting = {pid for pid in self.episodes.groups if pid not in generating}
         load = [0] * len(self.engines)
-        for idx, _ in self.outstanding.values():
-            load[idx] += 1
+        for pid, (idx, _) in self.outstanding.items():
+            load[idx] += pid not in waiting
         return load
 
     def wait_groups(self, min_groups: int, deadline: float, on_idle: Callable[[], None] | None = None) -> list[Group]:

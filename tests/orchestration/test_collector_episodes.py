@@ -338,3 +338,14 @@ def test_limits_end_episodes_with_their_reason(tokenizer, pool) -> None:
     groups, m = c.collect(0)
     assert m["env/end_reason/max_turns"] == 2 * G and m["env/turns_mean"] == 1.0
     assert all(not r.correct and r.total == 0.0 for g in groups for r in g.rewards)
+
+
+def test_groups_waiting_for_tools_are_no_engine_load(tokenizer, pool) -> None:
+    """The health check declares an engine stuck when it has load and generates nothing: episodes whose turns are
+    all back and whose tool calls are in the pool must not count as its load."""
+    tools = SilentTools()
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2, runner_tools=tools)
+    c.feeder.top_up(2, limit=2)
+    assert c.feeder.outstanding_per_engine() == [2]  # first turns on the engine
+    c.feeder.poll()
+    assert len(tools.jobs) == 2 * G and c.feeder.outstanding_per_engine() == [0]
