@@ -64,3 +64,17 @@ def test_misbehaving_tools_are_contained_and_counted(pool: VerifierPool) -> None
     assert after["reward/pool/job_timeouts"] >= 1 and after["reward/pool/job_crashes"] >= 1
     _call(pool, "again", "lookup", key="item K3")  # the replaced workers serve the next call
     assert _wait(pool, {"again"})["again"].content == "4821"
+
+
+def test_the_python_tool_runs_its_sandbox_from_the_pool_workers(pool: VerifierPool) -> None:
+    def python(job_id: str, code: str) -> None:
+        call = ToolCall("python", {"code": code})
+        pool.run_tool(job_id, execute_tool, (("python",), 2000, 2.0, call, {}), 22.0)
+
+    python("print", "print(6*7)")
+    python("loop", "while True: pass")
+    python("flood", "print('x' * 10**8)")
+    done = _wait(pool, {"print", "loop", "flood"})
+    assert done["print"].ok and done["print"].content == "42"
+    assert not done["loop"].ok and "killed (time limit)" in done["loop"].content
+    assert not done["flood"].ok and "killed" in done["flood"].content and len(done["flood"].content) < 2200
