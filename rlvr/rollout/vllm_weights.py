@@ -10,6 +10,7 @@ The mixin uses the engine's loop (`_call`), its `AsyncLLM` (`_llm`), admission s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from rlvr.rollout.base import EngineError
 from rlvr.rollout.lora import ADAPTER_NAME
 
 logger = logging.getLogger("rlvr.rollout.vllm_engine")  # the engine's own log name, as before the split
+SETTLE_S = 0.02  # the most `_pause` waits for drained outputs (vLLM's own fixed settling sleep)
 T = TypeVar("T")
 
 LORA_ID = 1
@@ -141,16 +143,29 @@ class VLLMWeightUpdates:
         return time.perf_counter() - t0
 
     async def _pause(self, settle: bool) -> None:
-        """vLLM's pause_generation (keep or wait), or, with `settle` off in keep mode, its scheduler pause alone:
-        `AsyncLLM.pause_generation` ends with a fixed 20 ms sleep that only orders the outputs of requests finishing
-        just before the pause (vllm/v1/engine/async_llm.py: "not required for correctness"), and in keep mode running
-        requests go on after the update anyway. Draining (wait mode) always settles."""
+        """vLLM's scheduler pause (keep or wait) without `AsyncLLM.pause_generation`'s fixed 20 ms sleep, which only
+        orders the outputs of requests finishing just before the pause (vllm/v1/engine/async_llm.py: "not required
+        for correctness"):
+        - keep mode, `settle` off: running requests go on after the update anyway; nothing to wait for.
+        - wait mode (draining), or `settle` on: the scheduler is idle when the pause returns, but the final outputs of
+          the drained requests may still be in vLLM's output handler. Each of our samples stamps `version_end` when
+          its final output arrives, so wait until none of ours is in flight (`_settle`), never longer than vLLM's
+          20 ms: usually far less. Where the engine core has no scheduler pause, vLLM's own `pause_generation`."""
         mode = "keep" if self.inflight_updates else "wait"
         core = getattr(self._llm, "engine_core", None)
-        if settle or mode != "keep" or not hasattr(core, "pause_scheduler_async"):
+        if not callable(getattr(core, "pause_scheduler_async", None)):
             await self._llm.pause_generation(mode=mode, clear_cache=False)
-        else:
-            await core.pause_scheduler_async(mode=mode, clear_cache=False)
+            return
+        await core.pause_scheduler_async(mode=mode, clear_cache=False)
+        if settle or mode != "keep":
+            await self._settle(SETTLE_S)
+
+    async def _settle(self, limit_s: float) -> None:
+        """Yield to the loop until no sample of ours is in flight (their final outputs are processed), at most
+        `limit_s`: in keep mode samples stay in flight through the update, so this only waits out the limit."""
+        deadline = time.monotonic() + limit_s
+        while self._num_inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.0005)
 
     async def _update_chunk(self, update_info: dict[str, Any]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest

@@ -133,7 +133,7 @@ def test_ipc_sync_engine_matches_learner_and_the_directory_path(colocated) -> No
     shm = [engine.call("score", p, c) for p, c in pairs]
     mean_after, max_after = _diffs(ipc, want)
     mean_before, _ = _diffs(before, want)
-    _, max_ipc_shm = _diffs(ipc, shm)
+    mean_ipc_shm, max_ipc_shm = _diffs(ipc, shm)
     print(
         json.dumps(
             {
@@ -148,7 +148,11 @@ def test_ipc_sync_engine_matches_learner_and_the_directory_path(colocated) -> No
         ),
         flush=True,
     )
-    assert max_ipc_shm < 1e-4  # one adapter, one engine: the two loaders fill the same slot
+    if not BIG:
+        assert max_ipc_shm < 1e-4  # one adapter, one engine: the two loaders fill the same slot
+    else:  # Qwen2.5-1.5B shape, random weights: log-probs near -12, where one bf16 step is 0.0625; measured on
+        # 1 x H100: max 0.035 (one rounding flip), while the adapter moves them by 0.99 on average
+        assert max_ipc_shm < 0.1 and mean_ipc_shm < 0.05 * mean_before
     if not BIG:  # a random-weight large model's log-probs barely move with the adapter: only the tiny model's do
         assert mean_after < 0.05 and max_after < 0.5  # bf16: HF sdpa + peft vs vLLM's kernels + punica LoRA
         assert mean_before > 5 * mean_after

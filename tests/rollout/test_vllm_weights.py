@@ -275,3 +275,41 @@ def test_failed_update_marks_the_engine_failed(fake_vllm: type[FakeAsyncLLM]) ->
         assert engine.policy_version == 0
     finally:
         engine.shutdown()
+
+
+def test_draining_pause_waits_for_our_samples_not_a_fixed_sleep(fake_vllm: type[FakeAsyncLLM]) -> None:
+    """Wait mode: the scheduler pause, then `_settle` until no sample of ours is in flight (their final outputs
+    are stamped with the old version), bounded: a sample that never finishes costs at most the limit."""
+    import asyncio
+
+    from rlvr.rollout.vllm_lora_ipc import RPC_METHOD
+
+    engine = make_engine(inflight=False, lora_rank=4)
+    try:
+
+        class Core:
+            async def pause_scheduler_async(self, mode: str, clear_cache: bool) -> None:
+                fake_vllm.log.append(f"pause scheduler {mode}")
+
+        engine._llm.engine_core = Core()
+        engine.load_adapter_ipc({"key": "k"}, 3)
+        assert fake_vllm.log == ["pause scheduler wait", f"rpc {RPC_METHOD}", "reset prefix cache", "resume"]
+
+        async def finishing_sample() -> int:
+            engine._num_inflight = 1
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.005, lambda: setattr(engine, "_num_inflight", 0))  # its final output arrives
+            await engine._settle(60.0)
+            return engine._num_inflight
+
+        assert asyncio.run(finishing_sample()) == 0  # returned only once the sample was done
+
+        async def stuck_sample() -> int:
+            engine._num_inflight = 1
+            await engine._settle(0.01)  # bounded: returns although the sample never finishes
+            return engine._num_inflight
+
+        assert asyncio.run(stuck_sample()) == 1
+        engine._num_inflight = 0
+    finally:
+        engine.shutdown()
