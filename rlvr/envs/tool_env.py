@@ -10,6 +10,9 @@ the tools) and the row's prompt. Each policy turn is parsed with the tool-call f
 - no call at all -> the turn is the final answer: the row's verifier (`row["verifier"]`, else the env's
   `verifier`) scores it from the row's metadata, reward term `verifier name -> score`, and the episode is done.
 
+Staged (rlvr/envs/jobs.py): `begin_step` hands out the calls and the answer check as jobs; the collector runs them in
+the verifier pool's workers, `step` runs them in process.
+
 Step metrics (summed per episode by the loop): `tool_calls`, `tool_errors`, `tool_latency_s`, and one
 `tool_error/<reason>` counter per failure reason ("timeout", "crash", "parse_error", "unknown_tool", ...);
 `answered` is 1 on the final-answer step, `unscored` 1 when the verifier returned None.
