@@ -81,6 +81,11 @@ def _chunk_logprobs(
     return torch.stack([picked, entropy], dim=-1)
 
 
+def head_chunks(num_targets: int, chunk_size: int) -> int:
+    """How many head calls `packed_logprobs`' chunked path makes for rows of `num_targets` predicted tokens."""
+    return -(-num_targets // chunk_size)
+
+
 def packed_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -92,6 +97,7 @@ def packed_logprobs(
     return_entropy: bool = False,
     entropy_requires_grad: bool = False,
     fused: bool = True,
+    head_calls: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [rows, T], entropy [rows, T] or None; fp32, or fp64 for an fp64 model) of `model` on packed rows.
 
@@ -99,6 +105,9 @@ def packed_logprobs(
     it carries grad only with `entropy_requires_grad` (an entropy bonus is configured).
     `fused` uses `rlvr.learner.fused_head` (closed-form gradient, no logits kept) where the head allows it
     (a bias-free Linear, not ZeRO-3-partitioned) and the entropy needs no gradient; else checkpointed chunks.
+    `head_calls` (chunked path): call the head exactly this many times (>= the chunks needed): the extra calls run
+    on one token and join the graph with weight 0. Under ZeRO-3 every head call is a parameter gather (a collective),
+    so ranks must agree on it (`head_chunks`; `LearnerWorker` takes the maximum over ranks).
     """
     if input_ids.shape != position_ids.shape or input_ids.ndim != 2:
         raise ValueError(f"input_ids {tuple(input_ids.shape)} and position_ids must both be [rows, T]")
@@ -116,13 +125,24 @@ def packed_logprobs(
         entropy = torch.cat([zeros, ent], dim=1).masked_fill(starts, 0.0) if return_entropy else None
         return logprobs, entropy
     use_checkpoint = torch.is_grad_enabled()
-    parts, entropy_parts = [], []
-    for start in range(0, targets.shape[1], chunk_size):
-        h, y = hidden[:, start : start + chunk_size], targets[:, start : start + chunk_size]
+    spans = [(start, start + chunk_size) for start in range(0, targets.shape[1], chunk_size)]
+    if head_calls is not None:
+        if head_calls < len(spans):
+            raise ValueError(f"head_calls={head_calls} < the {len(spans)} chunks of {targets.shape[1]} tokens")
+        spans += [(0, 1)] * (head_calls - len(spans))  # extra calls, weight 0 below
+    outs = []
+    for start, end in spans:
+        h, y = hidden[:, start:end], targets[:, start:end]
         if use_checkpoint:
-            chunk = checkpoint(_chunk_logprobs, head, h, y, temperature, return_entropy, use_reentrant=False)
+            outs.append(checkpoint(_chunk_logprobs, head, h, y, temperature, return_entropy, use_reentrant=False))
         else:
-            chunk = _chunk_logprobs(head, h, y, temperature, return_entropy)
+            outs.append(_chunk_logprobs(head, h, y, temperature, return_entropy))
+    real = head_chunks(targets.shape[1], chunk_size)
+    if len(outs) > real:  # in the graph (their backward recomputes the head too), contributing nothing
+        zeros = zeros + 0.0 * sum(o.sum() for o in outs[real:])
+        outs = outs[:real]
+    parts, entropy_parts = [], []
+    for chunk in outs:
         if return_entropy:
             parts.append(chunk[..., 0])
             entropy_parts.append(chunk[..., 1] if entropy_requires_grad else chunk[..., 1].detach())

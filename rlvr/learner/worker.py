@@ -25,7 +25,7 @@ from rlvr.algorithms.correction import CorrectionConfig, importance_weights
 from rlvr.algorithms.losses import LossConfig, policy_loss
 from rlvr.config import ExperimentConfig
 from rlvr.learner.backends import DeepSpeedBackend, TorchBackend, weights_only_load
-from rlvr.learner.logprobs import packed_logprobs
+from rlvr.learner.logprobs import head_chunks, packed_logprobs
 from rlvr.learner.model import load_causal_lm
 from rlvr.rollout import lora
 from rlvr.telemetry.logs import get_logger
@@ -114,6 +114,17 @@ class LearnerWorker:
         a = self.cfg.learner.attention
         return "varlen" if a == "auto" else a
 
+    def _head_calls(self, model: torch.nn.Module, mb: MicroBatch) -> int | None:
+        """ZeRO-3 with several ranks: each head call gathers its weight (a collective), so every rank calls the head
+        as often as the rank with the longest rows (one all-reduce per micro-batch; ranks have equal micro-batch
+        counts). None elsewhere (the fused head is never partitioned: it makes no module call)."""
+        if self.cfg.learner.backend != "deepspeed" or self.cfg.learner.zero_stage != 3 or self.world_size < 2:
+            return None
+        n = torch.tensor([head_chunks(mb.input_ids.shape[1] - 1, self.cfg.learner.logprob_chunk_size)])
+        n = n.to(self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n.item())
+
     def _logprobs(
         self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -127,6 +138,7 @@ class LearnerWorker:
             return_entropy=with_entropy,
             entropy_requires_grad=self.cfg.algorithm.entropy_coef != 0,
             fused=self.cfg.learner.fused_head,
+            head_calls=self._head_calls(model, mb),
         )
 
     @torch.no_grad()

@@ -207,3 +207,43 @@ def test_auto_attention_resolution() -> None:
     assert resolve_attn_implementation("auto", "cuda", "mask") == "sdpa"  # explicit masks need a mask-taking kernel
     # flash kernels refuse float32 ("FlashAttention only support fp16 and bf16"): auto falls back to sdpa
     assert resolve_attn_implementation("auto", "cuda", "auto", torch.float32) == "sdpa"
+
+
+@pytest.mark.parametrize("entropy", [False, True])
+def test_extra_head_calls_change_nothing_but_the_call_count(entropy: bool) -> None:
+    """`head_calls` (ZeRO-3 ranks agreeing on one count): the head runs exactly that often, in forward and in the
+    checkpointed recompute, and the log-probs, entropies and gradients are the chunked path's own."""
+    from rlvr.learner.logprobs import head_chunks
+
+    model = _model("sdpa")
+    head = model.get_output_embeddings()
+    _, ids, pos, sids = _batch()
+    calls = []
+    hook = head.register_forward_hook(lambda *_: calls.append(1))
+
+    def run(head_calls: int | None) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor], int]:
+        model.zero_grad()
+        calls.clear()
+        lp, ent = packed_logprobs(
+            model, ids, pos, chunk_size=4, fused=False, head_calls=head_calls, return_entropy=entropy
+        )
+        lp[sids >= 0].sum().backward()
+        return (
+            lp.detach(),
+            None if ent is None else ent.detach(),
+            [p.grad.clone() for p in model.parameters()],
+            len(calls),
+        )
+
+    need = head_chunks(ids.shape[1] - 1, 4)
+    lp0, ent0, grads0, calls0 = run(None)
+    lp1, ent1, grads1, calls1 = run(need + 3)
+    hook.remove()
+    assert calls0 == 2 * need and calls1 == 2 * (need + 3)  # forward + recompute in backward, per chunk
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=0)
+    if entropy:
+        torch.testing.assert_close(ent1, ent0, rtol=0, atol=0)
+    for a, b in zip(grads1, grads0):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="head_calls"):
+        packed_logprobs(model, ids, pos, chunk_size=4, fused=False, head_calls=need - 1)

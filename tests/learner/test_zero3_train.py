@@ -1,0 +1,86 @@
+"""ZeRO-3 training with two ranks whose micro-batches differ in length: real DeepSpeed on CPU/gloo, 2 processes.
+
+Under ZeRO-3 every module call gathers that module's parameters (a collective), so each rank must call every module
+the same number of times. The log-prob head runs in chunks of `learner.logprob_chunk_size` tokens: a rank with a
+longer packed row would call it more often than the other and both would wait forever in mismatched gathers (the
+2-learner ZeRO-3 runs on GPUs hung at their first step). The learner agrees on one chunk count across ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rlvr.config import default_config, from_dict
+from rlvr.data import builtin_corpus
+from rlvr.launch.local_cluster import free_port
+from rlvr.models.tiny import build_tiny_model_dir
+
+OVERRIDES = {
+    "learner": {"backend": "deepspeed", "zero_stage": 3, "logprob_chunk_size": 4, "lr": 1e-3, "warmup_steps": 0},
+    "data": {"datasets": ["builtin:copy"]},
+}
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    from rlvr.algorithms.packing import PackInput, build_packed_batches
+    from rlvr.config import default_config, from_dict
+    from rlvr.learner.worker import LearnerWorker
+
+    model_dir, port, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    cfg = from_dict(json.loads(sys.argv[4]), base=default_config())
+    w = LearnerWorker(cfg, model_dir, rank, 2, "127.0.0.1", port, "cpu", num_threads=1)
+    g = torch.Generator().manual_seed(rank)
+    n = 30 if rank == 0 else 6  # rank 0: 9 head chunks of 4 tokens, rank 1: 3 chunks
+    inputs = [PackInput(0, torch.randint(3, 14, (4,), generator=g).tolist(),
+                        torch.randint(3, 14, (n,), generator=g).tolist(), [-3.0] * n, 1.0)]
+    batches = build_packed_batches(inputs, pack_length=64, micro_batch_rows=1)
+    metrics = [w.train_batch(batches) for _ in range(2)]
+    print("RESULT " + json.dumps({"rank": rank, "loss": [m["loss/total"] for m in metrics]}), flush=True)
+    torch.distributed.barrier()
+    w.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter's teardown of DeepSpeed's gloo groups (see test_zero3_gather.py)
+""")
+
+
+@pytest.mark.timeout(600)
+def test_zero3_ranks_with_different_row_lengths_train_together(tmp_path) -> None:
+    cfg = from_dict(OVERRIDES, base=default_config())
+    model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, model_dir, port, str(rank), json.dumps(OVERRIDES)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in (0, 1)
+    ]
+    deadline = time.monotonic() + 300  # a hang in mismatched gathers shows as this timeout
+    try:
+        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("the two ZeRO-3 ranks did not finish two training steps: mismatched collectives (a hang)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    results = [json.loads(ln[len("RESULT ") :]) for o, _ in outs for ln in o.splitlines() if ln.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    for r in results:
+        assert all(abs(x) > 0 and x == x for x in r["loss"])  # real, finite losses on both ranks
