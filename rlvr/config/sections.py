@@ -119,6 +119,10 @@ class RolloutConfig:
     """Fraction of GPU memory vLLM may take (colocated runs use less)."""
     vllm_enforce_eager: bool = False
     """Disable CUDA graphs in vLLM."""
+    vllm_max_model_len: int = 0
+    """vLLM's longest sequence. 0: max prompt + max new tokens, or `env.max_total_tokens` where episodes run
+    (`env.name` set, or a built-in task whose rows name an environment); capped by the model's positions. Set it
+    for your own data whose `env` column routes rows to an environment."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
     colocate_sleep: bool = True

@@ -388,3 +388,14 @@ def check_env_at_start(cfg: Any, model_dir: str, stream: Any, eval_requests: lis
     for dataset in getattr(stream, "_datasets", []):  # PromptStream's loaded rows: their extra columns
         names |= {str(row["extra"][ENV_COLUMN]) for row in dataset.rows if (row.get("extra") or {}).get(ENV_COLUMN)}
     check_env(cfg, model_context(model_dir), names)
+    if names and cfg.rollout.backend == "vllm" and not cfg.rollout.vllm_max_model_len:
+        from rlvr.rollout.vllm_support import runs_episodes
+
+        if (
+            not runs_episodes(cfg)
+            and cfg.data.max_prompt_tokens + cfg.generation.max_new_tokens < cfg.env.max_total_tokens
+        ):
+            raise ValueError(
+                f"rows route to environment(s) {', '.join(sorted(names))}: vLLM's max model length must hold a whole "
+                f"episode; set --rollout.vllm-max-model-len {cfg.env.max_total_tokens} (--env.max-total-tokens)"
+            )

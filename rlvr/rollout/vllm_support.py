@@ -49,8 +49,14 @@ class SchedulerStatsTap:
 
 
 def default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None:
-    """max prompt + max new tokens, capped by the model's positions (smaller KV reservations per sequence)."""
+    """`rollout.vllm_max_model_len`, else max prompt + max new tokens (smaller KV reservations per sequence), or
+    `env.max_total_tokens` where episodes run (a whole transcript is one turn's prompt); capped by the model's
+    positions."""
+    if cfg.rollout.vllm_max_model_len > 0:
+        return cfg.rollout.vllm_max_model_len
     wanted = cfg.data.max_prompt_tokens + cfg.generation.max_new_tokens
+    if runs_episodes(cfg):
+        wanted = max(wanted, cfg.env.max_total_tokens)
     try:
         from transformers import AutoConfig
 
@@ -62,3 +68,14 @@ def default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None:
     except (OSError, ValueError):
         return None
     return min(wanted, limit) if limit else wanted
+
+
+EPISODE_TASKS = ("builtin:tool-lookup",)
+"""Built-in tasks whose rows name an environment (`env` column)."""
+
+
+def runs_episodes(cfg: ExperimentConfig) -> bool:
+    """Whether the config alone says episodes run: `env.name`, or a built-in task of `EPISODE_TASKS` in the
+    training or eval data (rows of the user's own files may name one too: `rollout.vllm_max_model_len`)."""
+    names = [*cfg.data.datasets, *cfg.eval.datasets]
+    return bool(cfg.env.name) or any(str(n) in EPISODE_TASKS for n in names)
