@@ -10,6 +10,11 @@ Tasks:
   prompt, which a tiny random-init model can discover by RL in a few hundred steps; a random model still
   earns ~0.2 per position by chance. Scored by `copy_reward`.
 - `arith`: single-digit addition ("3+4=" -> "7"), scored by the same `copy_reward` (verifier "copy").
+- `tool-lookup`: needs a tool (docs/multi-turn.md, configs/tools-cpu.yaml). The prompt is a key, one of
+  `TOOL_LOOKUP_KEYS` ("B"); the answer is a random `TOOL_LOOKUP_LEN`-letter value over `COPY4_ALPHABET` ("dbe")
+  held in the row's hidden `table` ({"B": "dbe"}), never in the prompt: it differs per row, so it is only
+  obtainable by a `B?` call to the `lookup` tool with the prompt's key (another key is an error). The row's
+  `env` column routes it to `tool_lookup_tiny`. Scored by `copy_reward`. A (key, value) pair belongs to one split.
 - `arith-l1` ... `arith-l5` and `word-problems`: math questions for real (chat) models with `\\boxed{}` answers,
   scored by the `math` verifier (`rlvr.data.math_tasks`).
 
@@ -17,7 +22,7 @@ Invariants:
 - Train and test splits are disjoint: every task item (string or operand pair) belongs to exactly one split,
   decided by a stable hash of the item, independent of any seed.
 - The test split is deterministic: it ignores `seed` (so eval numbers are comparable across seeds).
-- Rows carry `prompt`, `ground_truth` and `verifier` ("copy"); the same (task, split, num_rows, seed) always
+- Rows carry `prompt`, `ground_truth` and `verifier` ("copy"; `tool-lookup` rows also `env` and `table`); the same (task, split, num_rows, seed) always
   gives the same rows.
 - `copy_reward` is pure and returns a float in [0, 1]; 1.0 needs the exact string and, when the finish reason is
   known, a stop right after it.
@@ -40,7 +45,12 @@ COPY4_ALPHABET = "abcde"
 COPY4_LEN = 4
 COPY_VERIFIER = "copy"
 """Verifier name the built-in tasks route to (the rewards registry maps it to `copy_reward`)."""
-BUILTIN_TASKS: tuple[str, ...] = ("copy", "copy4", "arith", *MATH_TASKS)
+TOOL_LOOKUP_KEYS = "ABCD"
+TOOL_LOOKUP_LEN = 3
+TOOL_LOOKUP_ENV = "tool_lookup_tiny"
+TOOL_LOOKUP_CHARS = "?!"
+"""The compact call marker and the rendering of a failed call (rlvr/envs/builtin.py `tool_lookup_tiny`)."""
+BUILTIN_TASKS: tuple[str, ...] = ("copy", "copy4", "arith", "tool-lookup", *MATH_TASKS)
 """Names accepted after `builtin:`."""
 
 _TEST_SEED = 1234567
@@ -101,6 +111,26 @@ def _arith_rows(split: str, num_rows: int, rng: random.Random) -> list[dict[str,
     return rows
 
 
+def _tool_lookup_rows(split: str, num_rows: int, rng: random.Random) -> list[dict[str, Any]]:
+    want_test = split == "test"
+    rows: list[dict[str, Any]] = []
+    while len(rows) < num_rows:
+        key = rng.choice(TOOL_LOOKUP_KEYS)
+        value = "".join(rng.choice(COPY4_ALPHABET) for _ in range(TOOL_LOOKUP_LEN))
+        if _is_test_item(f"{key}:{value}") != want_test:
+            continue
+        rows.append(
+            {
+                "prompt": key,
+                "ground_truth": value,
+                "verifier": COPY_VERIFIER,
+                "env": TOOL_LOOKUP_ENV,
+                "table": {key: value},
+            }
+        )
+    return rows
+
+
 def builtin_rows(name: str, split: str, num_rows: int, seed: int) -> list[dict[str, Any]]:
     """`num_rows` rows of built-in task `name` for `split` ("train" or "test").
 
@@ -114,6 +144,8 @@ def builtin_rows(name: str, split: str, num_rows: int, seed: int) -> list[dict[s
         return _copy_rows(split, num_rows, rng, name)
     if name in MATH_TASKS:
         return math_rows(name, split, num_rows, rng)
+    if name == "tool-lookup":
+        return _tool_lookup_rows(split, num_rows, rng)
     return _arith_rows(split, num_rows, rng)
 
 
@@ -127,6 +159,10 @@ def builtin_corpus(name: str) -> list[str]:
         rows = math_rows(name, "train", 300, random.Random(_TEST_SEED + 1))
         text = [row["prompt"] + " " + row["ground_truth"] for row in rows] + [r"\boxed{}"]
         return sorted({ch for line in text for ch in line}) + text
+    if name == "tool-lookup":
+        rows = _tool_lookup_rows("train", 200, random.Random(_TEST_SEED + 1))
+        chars = list(TOOL_LOOKUP_KEYS + COPY4_ALPHABET + TOOL_LOOKUP_CHARS)
+        return chars + [f"{r['prompt']}\n{r['prompt']}?\n{r['ground_truth']}\n{r['ground_truth']}" for r in rows]
     if name in ("copy", "copy4"):
         chars = list(_copy_spec(name)[0]) + ["="]
     else:

@@ -71,7 +71,7 @@ def lookup_rows(
 
 
 def write_rows(out_dir: str, num_train: int, num_test: int, seed: int = 0, kind: str = "single") -> list[str]:
-    """Write `train.jsonl` and `test.jsonl` of the lookup task under `out_dir` (for configs/tools-cpu.yaml);
+    """Write `train.jsonl` and `test.jsonl` of the lookup task under `out_dir` (data files for `tool_lookup`);
     returns the paths."""
     import json
     from pathlib import Path

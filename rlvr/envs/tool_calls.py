@@ -159,13 +159,31 @@ class QwenFormat:
 
 
 class CompactFormat:
-    """`?K3` calls one tool (`tool`, default `lookup`) with `{argument: key_prefix + "K3"}`; the observation is the
+    r"""`?K3` calls one tool (`tool`, default `lookup`) with `{argument: key_prefix + "K3"}`; the observation is the
     results' contents joined by spaces (e.g. "4821"). For tiny models: a call is a few tokens, and every character
-    is one the lookup task's prompts already use. A turn without `?NAME` is the final answer."""
+    is one the lookup task's prompts already use. A turn without `?NAME` is the final answer.
 
-    def __init__(self, tool: str = "lookup", argument: str = "key", key_prefix: str = "item ", max_calls: int = 2):
+    `error_text`, when given, renders a failed call as that text instead of the error message (a tiny model's
+    vocabulary has no letters for "error: no entry ..."); `description` is what `describe` returns (the call
+    syntax; "" to leave the system prompt without it). `call_pattern` is the regular expression of one call
+    (group 1: the key), e.g. r"([A-Za-z0-9_]+)\?" for postfix calls `K3?`; `stop_strings` end a policy turn
+    (with a postfix call, "?" ends the turn right at the call)."""
+
+    def __init__(
+        self,
+        tool: str = "lookup",
+        argument: str = "key",
+        key_prefix: str = "item ",
+        max_calls: int = 2,
+        error_text: str | None = None,
+        description: str = "Look up the code of item K3 with ?K3",
+        call_pattern: str = r"\?\s*([A-Za-z0-9_]+)",
+        stop_strings: tuple[str, ...] | list[str] = (),
+    ):
         self.tool, self.argument, self.key_prefix, self.max_calls = tool, argument, key_prefix, max_calls
-        self._call = re.compile(r"\?\s*([A-Za-z0-9_]+)")
+        self.error_text, self.description = error_text, description
+        self.stop_strings = list(stop_strings)
+        self._call = re.compile(call_pattern)
 
     def parse(self, text: str) -> ParsedCalls:
         out = ParsedCalls()
@@ -177,10 +195,10 @@ class CompactFormat:
         return out
 
     def render(self, results: list[ToolResult]) -> str:
-        return " ".join(r.content for r in results)
+        return " ".join(r.content if r.ok or self.error_text is None else self.error_text for r in results)
 
     def describe(self, tools: list[ToolSpec]) -> str:
-        return "Look up the code of item K3 with ?K3"
+        return self.description
 
 
 FORMATS: dict[str, type] = {"qwen": QwenFormat, "compact": CompactFormat}

@@ -10,6 +10,13 @@ the tools) and the row's prompt. Each policy turn is parsed with the tool-call f
 - no call at all -> the turn is the final answer: the row's verifier (`row["verifier"]`, else the env's
   `verifier`) scores it from the row's metadata, reward term `verifier name -> score`, and the episode is done.
 
+Shaping and text: `call_reward` adds a reward term `tool_call` once per episode, at the first step whose calls
+all succeeded (a small well-formed-call term); `require_call` scores a final answer 0 (metric
+`answered_without_call`) unless such a step came before it, so a guess earns no partial credit; after
+`max_call_turns` turns with calls, the next turn is the final answer whatever it contains; `strip_suffixes` are removed from the end of a turn before it is
+parsed or scored. With no instructions and an empty format description, the first observation is the prompt
+alone (no system message).
+
 Staged (rlvr/envs/jobs.py): `begin_step` hands out the calls and the answer check as jobs; the collector runs them in
 the verifier pool's workers, `step` runs them in process.
 
@@ -24,7 +31,7 @@ from typing import Any
 
 from rlvr.envs.base import Observation, StepResult
 from rlvr.envs.jobs import Job, JobFailure, PendingStep, execute_tool, run_local, verify_answer
-from rlvr.envs.tool_calls import ToolCall, ToolCallFormat, ToolResult, get_format
+from rlvr.envs.tool_calls import ParsedCalls, ToolCall, ToolCallFormat, ToolResult, get_format
 from rlvr.envs.tools import ToolExecutor, build_toolset
 
 DEFAULT_INSTRUCTIONS = (
@@ -49,6 +56,10 @@ class ToolEnv:
         end_on_tool_error: bool = False,
         max_output_chars: int = 2000,
         timeout_s: float | None = None,
+        call_reward: float = 0.0,
+        require_call: bool = False,
+        max_call_turns: int | None = None,
+        strip_suffixes: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.tool_names: tuple[str, ...] | None = None
         if tools is None or isinstance(tools, (list, tuple)):
@@ -63,15 +74,31 @@ class ToolEnv:
         self.end_on_tool_error = end_on_tool_error
         self.max_output_chars = max_output_chars
         self.timeout_s = timeout_s
+        self.call_reward = call_reward
+        """Reward term `tool_call`, earned once per episode by the first step whose calls all succeeded."""
+        self.strip_suffixes = tuple(strip_suffixes)
+        """Text removed from the end of a turn before it is parsed or scored (e.g. the tokenizer's EOS text,
+        which the episode loop's decoding keeps)."""
+        self.require_call = require_call
+        """Score a final answer 0 (without running the verifier) unless a call succeeded earlier in the episode."""
+        self.max_call_turns = max_call_turns
+        """Turns that may call tools; the turn after them is the final answer whatever it contains."""
+        self._call_rewarded = False
+        self._called = False
+        self._call_turns = 0
         self._limits = {t.spec.name: t.timeout_s for t in getattr(tools, "tools", {}).values()}
         self.row: dict[str, Any] = {}
 
     def reset(self, row: dict[str, Any]) -> Observation:
         self.row = row
-        system = f"{self.instructions}\n\n{self.format.describe(self.tools.specs())}"
-        return Observation(
-            messages=[{"role": "system", "content": system}, {"role": "user", "content": str(row["prompt"])}]
-        )
+        self._call_rewarded = False
+        self._called = False
+        self._call_turns = 0
+        parts = [p for p in (self.instructions, self.format.describe(self.tools.specs())) if p]
+        user = {"role": "user", "content": str(row["prompt"])}
+        if not parts:  # nothing to say: the prompt alone (tiny models)
+            return Observation(messages=[user])
+        return Observation(messages=[{"role": "system", "content": "\n\n".join(parts)}, user])
 
     def step(self, turn_text: str, turn_token_ids: list[int]) -> StepResult:
         begun = self.begin_step(turn_text, turn_token_ids)
@@ -85,13 +112,23 @@ class ToolEnv:
 
     def begin_step(self, turn_text: str, turn_token_ids: list[int]) -> StepResult | PendingStep:
         """The turn's tool calls (or its answer check) as jobs; parse errors alone finish the step here."""
-        parsed = self.format.parse(turn_text)
+        for suffix in self.strip_suffixes:
+            if suffix and turn_text.endswith(suffix):
+                turn_text = turn_text[: -len(suffix)]
+        if self.max_call_turns is not None and self._call_turns >= self.max_call_turns:
+            parsed = ParsedCalls()  # the call budget is spent: this turn is the answer
+        else:
+            parsed = self.format.parse(turn_text)
         if not parsed.calls and not parsed.errors:
             name = str(self.row.get("verifier") or self.verifier)
+            if self.require_call and not self._called:
+                metrics = {"answered": 1.0, "unscored": 0.0, "answered_without_call": 1.0}
+                return StepResult(None, {name: 0.0}, done=True, reason="done", metrics=metrics)
             metadata = {**self.row, **(self.row.get("metadata") or {})}
             job = Job(verify_answer, (name, turn_text, metadata), self.timeout_s or 10.0, kind="verify")
             return PendingStep([job], {"kind": "answer", "verifier": name})
         calls = list(parsed.calls)
+        self._call_turns += 1
         jobs = [
             Job(
                 execute_tool,
@@ -121,7 +158,13 @@ class ToolEnv:
         metrics = _tool_metrics(results)
         if self.end_on_tool_error and metrics["tool_errors"] > 0:
             return StepResult(None, done=True, reason="tool_error", metrics=metrics)
-        return StepResult(Observation(text=self.format.render(results)), metrics=metrics)
+        call_terms: dict[str, float] = {}
+        if results and all(r.ok for r in results):
+            self._called = True
+            if self.call_reward and not self._call_rewarded:
+                self._call_rewarded = True
+                call_terms["tool_call"] = self.call_reward
+        return StepResult(Observation(text=self.format.render(results)), call_terms, metrics=metrics)
 
 
 def _as_result(call: ToolCall, output: Any) -> ToolResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlvr.data import BUILTIN_TASKS, builtin_corpus, builtin_rows, copy_reward
-from rlvr.data.tasks import COPY4_ALPHABET, COPY4_LEN, COPY_ALPHABET
+from rlvr.data.tasks import COPY4_ALPHABET, COPY4_LEN, COPY_ALPHABET, TOOL_LOOKUP_KEYS, TOOL_LOOKUP_LEN
 
 
 def test_copy_rows_shape() -> None:
@@ -32,11 +32,16 @@ def test_copy4_rows_shape_and_held_out_size() -> None:
     assert set("".join(builtin_corpus("copy4"))) == set(COPY4_ALPHABET) | {"="}
 
 
+def _item(task: str, row: dict) -> object:
+    """What a split owns: the prompt; for `tool-lookup` (4 prompts, one per key) the (key, answer) pair."""
+    return (row["prompt"], row["ground_truth"]) if task == "tool-lookup" else row["prompt"]
+
+
 @pytest.mark.parametrize("task", BUILTIN_TASKS)
 def test_splits_disjoint_and_test_deterministic(task: str) -> None:
-    train = {r["prompt"] for r in builtin_rows(task, "train", 2000, seed=3)}
+    train = {_item(task, r) for r in builtin_rows(task, "train", 2000, seed=3)}
     test = builtin_rows(task, "test", 200, seed=3)
-    assert train.isdisjoint(r["prompt"] for r in test)
+    assert train.isdisjoint(_item(task, r) for r in test)
     assert builtin_rows(task, "test", 200, seed=99) == test  # the test split ignores the seed
     assert builtin_rows(task, "train", 20, seed=1) == builtin_rows(task, "train", 20, seed=1)
     assert builtin_rows(task, "train", 20, seed=1) != builtin_rows(task, "train", 20, seed=2)
@@ -128,3 +133,20 @@ def test_scorer_passes_the_finish_reason_to_reward_functions() -> None:
     stopped, cut = score_samples(scorer, [sample("bdac", "stop"), sample("bdac", "length")])
     assert stopped.total == pytest.approx(1.0) and stopped.correct
     assert cut.total == pytest.approx(0.8) and not cut.correct
+
+
+def test_tool_lookup_rows_need_the_tool() -> None:
+    rows = builtin_rows("tool-lookup", "train", 400, seed=0)
+    for r in rows:
+        assert set(r) == {"prompt", "ground_truth", "verifier", "env", "table"}
+        assert (r["verifier"], r["env"]) == ("copy", "tool_lookup_tiny")
+        assert r["prompt"] in TOOL_LOOKUP_KEYS and set(r["table"]) == {r["prompt"]}
+        assert r["ground_truth"] == r["table"][r["prompt"]] and len(r["ground_truth"]) == TOOL_LOOKUP_LEN
+        assert set(r["ground_truth"]) <= set(COPY4_ALPHABET) and r["ground_truth"] not in r["prompt"]
+    # the prompt does not determine the answer: the same key has many values across rows
+    assert all(len({r["ground_truth"] for r in rows if r["prompt"] == k}) > 20 for k in TOOL_LOOKUP_KEYS)
+    # every character of prompts, tables, calls ("B?") and failed-call observations ("!") is in the corpus
+    corpus = set("".join(builtin_corpus("tool-lookup")))
+    test = builtin_rows("tool-lookup", "test", 200, seed=0)
+    texts = [r["prompt"] + "?" + "".join(r["table"].values()) for r in rows + test]
+    assert set("".join(texts)) | {"!"} <= corpus

@@ -75,3 +75,27 @@ def test_env_errors_at_start_exit_2_naming_the_field(tmp_path: Path) -> None:
     too_long = _train(_config(tmp_path, max_total_tokens=4096), "--learner.pack-length", "4096")
     assert too_long.returncode == 2, too_long.stderr[-2000:]
     assert "--env.max-total-tokens" in too_long.stderr and "context" in too_long.stderr
+
+
+def test_tools_cpu_preset_trains_from_a_fresh_clone(tmp_path: Path) -> None:
+    """`rlvr train --config configs/tools-cpu.yaml` needs no preparation: its `builtin:tool-lookup` rows are made in
+    code and routed to `tool_lookup_tiny` by their `env` column; two steps, evals at 0 and 2."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "tools-cpu.yaml"
+    flags = ["--num-steps", "2", "--rollout.prompts-per-step", "2", "--generation.num-samples", "4"]
+    flags += ["--eval.every-n-steps", "2", "--eval.max-prompts", "4", "--checkpoint.save-final", "False"]
+    flags += ["--checkpoint.output-dir", str(tmp_path / "runs"), "--logging.console-progress", "False"]
+    proc = _train(config, *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [m for m in records if m["step"] > 0]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["env/episodes"] == 8  # 2 prompts x 4 episodes, each ended with a counted reason
+        assert sum(v for k, v in m.items() if k.startswith("env/end_reason/")) == 8
+        assert 1 <= m["env/turns_mean"] <= 2
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
+    assert samples and all(s["turns"] and s["turns"][0]["role"] == "assistant" for s in samples)
+    assert all(s["prompt"] in "ABCD" for s in samples)  # the prompt is a key, never the answer
+    evals = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines() if line.strip()]
+    assert [e["step"] for e in evals] == [0, 2] and all(0 <= e["eval/reward_mean"] <= 1.1 for e in evals)
