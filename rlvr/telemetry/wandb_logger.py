@@ -29,9 +29,21 @@ WandbMode = Literal["off", "online", "offline"]
 RUN_ID_FILE = "wandb_run_id"
 """File in the run directory holding the wandb run id (resume continues the same wandb run)."""
 STEP_KEY = "train/step"
-SAMPLE_COLUMNS = ["step", "prompt_id", "prompt", "completion", "total", "advantage", "correct"]
+SAMPLE_COLUMNS = ["step", "prompt_id", "prompt", "completion", "total", "advantage", "correct", "turns"]
 
 log = get_logger(__name__)
+
+
+def turns_text(sample: Mapping[str, Any]) -> str:
+    """A multi-turn sample's transcript for the table, one `[policy]` / `[tool]` block per turn and the end reason;
+    "" for a single-turn sample (its completion is the whole answer)."""
+    turns = sample.get("turns") or []
+    if not turns:
+        return ""
+    blocks = [f"[{'tool' if t.get('role') == 'tool' else 'policy'}] {t.get('text', '')}" for t in turns]
+    if sample.get("end_reason"):
+        blocks.append(f"(ended: {sample['end_reason']})")
+    return "\n".join(blocks)
 
 
 def persisted_run_id(run_dir: str | os.PathLike[str]) -> str:
@@ -145,6 +157,7 @@ class WandbLogger:
                 s.get("total"),
                 s.get("advantage"),
                 s.get("correct"),
+                turns_text(s),
                 *[scores.get(f) for f in functions],
             )
         self.run.log({"samples/completions": table, STEP_KEY: step})

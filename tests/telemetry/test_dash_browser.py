@@ -357,3 +357,33 @@ def test_kl_panel_says_kl_off(browser: Any, served: Callable[..., str], tmp_path
     assert _js(browser, "document.querySelector('#chart-lr .empty')") is None
     cards = _js(browser, "[...document.querySelectorAll('.card')].map(c => c.innerText)")
     assert "KL\noff" in cards
+
+
+def test_episode_samples_show_turns_by_role(browser: Any, served: Callable[..., str], tmp_path: Path) -> None:
+    """A multi-turn sample's completion cell lists its turns, the policy's and the tool's told apart, and why the
+    episode ended; single-turn rows keep their plain completion."""
+    run = _copy_run(tmp_path, "run_tiny")
+    episode = {
+        "step": 1, "prompt_id": "lookup:0:0", "prompt": "B", "completion": "?Bdbe", "completion_len": 9,
+        "scores": {"copy": 1.0}, "total": 1.0, "correct": True, "advantage": 0.5, "end_reason": "done",
+        "turns": [{"role": "assistant", "text": "?B"}, {"role": "tool", "text": "=dbe"},
+                  {"role": "assistant", "text": "dbe"}],
+    }  # fmt: skip
+    with open(run / "samples.jsonl", "a") as f:
+        f.write(json.dumps(episode) + "\n")
+    browser.get(served(run))
+    _wait(lambda: browser.execute_script("return document.body.dataset.ready === '1'"), what="first poll")
+    turns = _wait(
+        lambda: browser.execute_script(
+            "return [...document.querySelectorAll('#samples-table .turn')].map(t => [t.className, t.innerText])"
+        ),
+        what="the episode's turns",
+    )
+    assert [c for c, _ in turns] == ["turn turn-assistant", "turn turn-tool", "turn turn-assistant"]
+    assert "=dbe" in turns[1][1] and "TOOL" in turns[1][1].upper()
+    ended = browser.execute_script("return document.querySelector('#samples-table .end-reason').innerText")
+    assert ended == "ended: done"
+    plain = browser.execute_script(
+        "return [...document.querySelectorAll('#samples-table tbody tr')].filter(r => !r.querySelector('.turns')).length"
+    )
+    assert plain > 0  # the fixture's single-turn samples still render as before

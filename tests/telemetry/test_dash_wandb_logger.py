@@ -70,3 +70,19 @@ def test_offline_run_logs_and_resumes_same_id(tmp_path: Path, monkeypatch: pytes
     assert resumed.run.id == run_id
     resumed.log(3, {"loss/kl": 0.02})
     resumed.finish()
+
+
+def test_the_table_shows_an_episodes_turns_by_role() -> None:
+    from rlvr.telemetry.wandb_logger import SAMPLE_COLUMNS, turns_text
+
+    assert "turns" in SAMPLE_COLUMNS
+    assert turns_text({"completion": "c"}) == ""  # single-turn: the completion column says it all
+    episode = {
+        "turns": [
+            {"role": "assistant", "text": "?B"},
+            {"role": "tool", "text": "=dbe"},
+            {"role": "assistant", "text": "dbe"},
+        ],
+        "end_reason": "done",
+    }
+    assert turns_text(episode) == "[policy] ?B\n[tool] =dbe\n[policy] dbe\n(ended: done)"
