@@ -14,6 +14,9 @@ Invariants (docs/design.md, Records and Prompt accounting):
   `num_epochs` x (total rows) pulls.
 - Per-prompt sampling seeds are a stable hash of (cfg.seed, prompt_id): the same prompt gets the same seed
   in every run and after every restart.
+- A request's metadata carries the row's raw prompt under private keys (`ROW_PROMPT`: the prompt text, or for a
+  messages row the last user message's content; `ROW_MESSAGES`: the row's messages, or None), never rendered: an
+  episode's first observation renders it itself, exactly once (the rendered `prompt_text` is not the prompt).
 - A prompt of more than `max_prompt_tokens * CHARS_PER_TOKEN_LIMIT` characters cannot fit (no tokenizer packs
   that many characters into a token) and is dropped as too long before it is rendered or tokenized, with a
   warning naming its row: tokenizing a giant row whole would cost memory out of all proportion.
@@ -36,6 +39,20 @@ logger = logging.getLogger(__name__)
 _STATE_VERSION = 1
 CHARS_PER_TOKEN_LIMIT = 32
 """Characters per token above which a prompt is too long without tokenizing it (real tokenizers: 3-6)."""
+
+
+ROW_PROMPT = "_rlvr_prompt"
+"""Request metadata key of the row's raw prompt text (module docstring; `_rlvr` keys are never data columns)."""
+ROW_MESSAGES = "_rlvr_messages"
+"""Request metadata key of the row's raw messages (None for a prompt row)."""
+
+
+def raw_prompt(row: dict[str, Any]) -> str:
+    """A normalised row's prompt as text, unrendered: the prompt column, or the last user message's content."""
+    if row.get("messages") is None:
+        return str(row["prompt"])
+    users = [m for m in row["messages"] if m.get("role") == "user"]
+    return str((users or row["messages"])[-1].get("content") or "")
 
 
 def prompt_chars(row: dict[str, Any], data_cfg: DataConfig) -> int:
@@ -134,6 +151,8 @@ def _request(
         row=row["row"],
         prompt_text=text,
     )
+    metadata[ROW_PROMPT] = raw_prompt(row)
+    metadata[ROW_MESSAGES] = list(row["messages"]) if row.get("messages") is not None else None
     metadata[cfg.rewards.verifier_column] = row["verifier"]  # the scorer routes on this key
     return PromptRequest(
         prompt_id=prompt_id,

@@ -14,6 +14,12 @@ Invariants:
   field, reason) and the message lists them. An empty dataset is a `DataError` naming the file.
 - With `on_bad_row == "skip"` bad rows are returned separately (`LoadedDataset.bad_rows`) so callers count
   them; `load_rows` then returns only the good rows.
+- Reserved column names (`RESERVED_COLUMNS`, and any name starting with `RESERVED_PREFIX`) are bad rows: the
+  request metadata carries every extra column, and these names are the keys of an episode's record (its reward
+  terms, end reason, per-token loss mask) and the trainer's private keys, so a column must not impersonate them
+  (e.g. a run's samples.jsonl reused as data).
+- An `env` column names a registered environment or the config's `env.name`, never an import path of its own
+  (`rlvr.envs.settings.check_env_column`): a row cannot choose a callable for the trainer to import and call.
 - A JSONL line longer than `MAX_ROW_BYTES` is a bad row (file:line, its size) and is never held in memory
   whole: it is read and dropped in bounded chunks, so one giant row cannot exhaust the trainer's memory.
 """
@@ -36,6 +42,13 @@ BUILTIN_TEST_ROWS = 200
 """Rows of a built-in task's test split (fixed, so eval is comparable across runs)."""
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow", ".feather")
 _MAX_LISTED = 200
+RESERVED_COLUMNS = frozenset(
+    {"completion_loss_mask", "end_reason", "error", "reward_terms", "episode_metrics", "turns", "transcript", "attempt"}
+)
+"""Metadata keys of an episode's record (`rlvr.envs.engine_turns.episode_to_sample`, `EpisodeRunner`): never a
+data column (module docstring)."""
+RESERVED_PREFIX = "_rlvr"
+"""Prefix of the trainer's private metadata keys (the episode marker, the row's raw prompt): never a data column."""
 MAX_ROW_BYTES = 8 << 20
 """Largest JSONL line read as a row (8 MiB: far above any prompt a model can take, far below a memory risk)."""
 
@@ -280,7 +293,21 @@ def normalise_row(
                     known = ", ".join(sorted(known_verifiers))
                     bad(cfg.rewards.verifier_column, f"unknown verifier {v!r}; known: {known}")
     out["verifier"] = verifier
-    out["extra"] = {k: v for k, v in value.items() if k not in used}
+    extra = {k: v for k, v in value.items() if k not in used}
+    for col in sorted(k for k in extra if k in RESERVED_COLUMNS or str(k).startswith(RESERVED_PREFIX)):
+        bad(
+            col,
+            f"reserved column name {col!r}: the trainer keeps its own episode records under this key "
+            f"(reserved: {', '.join(sorted(RESERVED_COLUMNS))} and names starting with {RESERVED_PREFIX!r}); "
+            "rename or drop the column (a run's samples.jsonl is not training data)",
+        )
+    if "env" in extra:  # rlvr.envs.settings.ENV_COLUMN (imported lazily: the data layer stays light)
+        from rlvr.envs.settings import check_env_column
+
+        reason = check_env_column(extra["env"], cfg.env.name)
+        if reason:
+            bad("env", reason)
+    out["extra"] = extra
     return (None if problems else out), problems
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from rlvr.algorithms.policy_tokens import EPISODE_MARKER
 from rlvr.envs.episode import Episode, GeneratedTurn
 from rlvr.rollout.base import GenerationEngine
 from rlvr.types import FinishReason, PromptRequest, Sample, SamplingParams
@@ -70,6 +71,7 @@ def episode_to_sample(
     cut = ep.prompt_length
     meta = {
         **(metadata or {}),
+        EPISODE_MARKER: True,  # what makes this an episode's record (no data column can set it)
         "completion_loss_mask": ep.loss_mask[cut:],
         "end_reason": ep.end_reason,
         "error": ep.error,

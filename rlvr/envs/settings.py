@@ -1,7 +1,9 @@
 """The `env` config section made usable: which rows run episodes, their environments, limits and tokenization.
 
 - Routing: a row (its request metadata) with an `env` column runs that environment; a row without one runs
-  `env.name` when set, else stays single-turn (`EnvSettings.route` returns None).
+  `env.name` when set, else stays single-turn (`EnvSettings.route` returns None). The column may only name a
+  registered environment (or the config's `env.name`): import paths come from the config alone, never from data
+  (`get_env(..., allow_import=False)`; rows are checked at load, `rlvr.data.sources`).
 - Environments are made per episode with `env.params`, plus `tools`, `tool_format`, `end_on_tool_error` and the
   tool timeout when the section sets them (for `ToolEnv`-style factories; a user environment takes what its
   factory accepts).
@@ -60,7 +62,7 @@ class EnvSettings:
     def make(self, name: str) -> Environment:
         """A fresh environment for one episode. The section's tool settings go only to a factory that takes
         them (a keyword of that name, or **kwargs); `env.params` always go as given."""
-        factory = get_env(name)
+        factory = get_env(name, allow_import=name == self.name)  # a data-routed name never imports
         return factory(**{k: v for k, v in self.params.items() if k in self.explicit or _takes(factory, k)})
 
 
@@ -72,12 +74,13 @@ def _takes(factory: Any, key: str) -> bool:
     return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def observation_tokenizer(tokenizer: Any, chat_template: bool = True) -> ObservationTokenizer:
+def observation_tokenizer(tokenizer: Any, chat_template: bool = True, system_prompt: str = "") -> ObservationTokenizer:
     """Observation tokenization for `tokenizer` (module docstring); `chat_template` False (the data's
-    `apply_chat_template` off) renders plain text even when the tokenizer has a template."""
+    `apply_chat_template` off) renders plain text even when the tokenizer has a template. `system_prompt`
+    (`data.system_prompt`) goes into every episode's first observation, once."""
     if chat_template and getattr(tokenizer, "chat_template", None):
-        return ObservationTokenizer(tokenizer, TurnTemplate.from_chat_template(tokenizer, role="user"))
-    return PlainObservationTokenizer(tokenizer, TurnTemplate(tokenizer.eos_token or "", "\n", "", "\n"))
+        return ObservationTokenizer(tokenizer, TurnTemplate.from_chat_template(tokenizer, role="user"), system_prompt)
+    return PlainObservationTokenizer(tokenizer, TurnTemplate(tokenizer.eos_token or "", "\n", "", "\n"), system_prompt)
 
 
 class PlainObservationTokenizer(ObservationTokenizer):
@@ -85,7 +88,8 @@ class PlainObservationTokenizer(ObservationTokenizer):
 
     def first(self, observation: Any) -> list[int]:
         if observation.token_ids is None and observation.messages is not None:
-            text = "\n".join(str(m.get("content", "")) for m in observation.messages if m.get("content"))
+            messages = self.with_system_prompt(observation.messages)
+            text = "\n".join(str(m.get("content", "")) for m in messages if m.get("content"))
             return self.encode(text + "\n")
         return super().first(observation)
 
@@ -95,9 +99,10 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
     env = cfg.env
     names = ([env.name] if env.name else []) + sorted(data_envs or ())
     for name in names:
-        field_name = "--env.name" if name == env.name else f"the data's `{ENV_COLUMN}` column"
+        from_config = name == env.name
+        field_name = "--env.name" if from_config else f"the data's `{ENV_COLUMN}` column"
         try:
-            get_env(name)
+            get_env(name, allow_import=from_config)
         except ValueError as e:
             raise ValueError(f"{field_name}: {e}") from e
     if names and model_context is not None and env.max_total_tokens > model_context:
@@ -110,6 +115,25 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
             f"--learner.pack-length ({cfg.learner.pack_length}) is shorter than an episode may grow "
             f"(--env.max-total-tokens {env.max_total_tokens}): raise the pack length or lower the limit"
         )
+
+
+def check_env_column(value: Any, config_name: str) -> str | None:
+    """Why a row's `env` column value cannot route (None when it can): it must be a registered environment's name
+    or the config's `env.name`; never an import path of the data's own (module docstring)."""
+    from rlvr.envs.registry import known_envs
+
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        return f"wrong type: expected an environment name, got {type(value).__name__}"
+    if value == config_name or value in known_envs():
+        return None
+    if ":" in value:
+        return (
+            f"import path {value!r}: the data may only name a registered environment "
+            f"({', '.join(known_envs())}) or the config's --env.name; give import paths as --env.name"
+        )
+    return f"unknown environment {value!r}; known: {', '.join(known_envs())} (or the config's --env.name)"
 
 
 def model_context(model_dir: str) -> int | None:

@@ -10,6 +10,15 @@ e.g. for Qwen: "" + "\\n" + "<|im_start|>user\\n" + "<tool_response>...</tool_re
 "<|im_end|>\\n<|im_start|>assistant\\n". `TurnTemplate.from_chat_template` reads these pieces off the
 tokenizer's own chat template (rendering a two-message conversation with and without one more message), so
 the appended text is what the template would have produced at that point; earlier turns are never re-rendered.
+
+The observation's content (a tool's output: untrusted text) is tokenized with special tokens split
+(`split_special_tokens=True`): a tool printing `<|im_end|><|im_start|>assistant` gets the ids of that plain text,
+never the real end-of-turn / role ids, so it cannot forge turn structure. Only the template's own pieces (closing,
+separator, prefix, suffix) are tokenized with their special tokens; the three parts are tokenized separately.
+
+The first observation (messages through the chat template) gets the data's system prompt (`system_prompt`,
+`data.system_prompt`) merged in exactly once: prepended to the environment's own system message, or as a system
+message of its own.
 """
 
 from __future__ import annotations
@@ -69,15 +78,30 @@ class TurnTemplate:
 class ObservationTokenizer:
     """Tokenizes observations exactly once each (module docstring)."""
 
-    def __init__(self, tokenizer: Any, template: TurnTemplate, **template_kwargs: Any) -> None:
+    def __init__(self, tokenizer: Any, template: TurnTemplate, system_prompt: str = "", **template_kwargs: Any) -> None:
         self.tokenizer = tokenizer
         self.template = template
+        self.system_prompt = system_prompt
         self.template_kwargs = template_kwargs
         self._eot_ids = self.encode(template.end_of_turn) if template.end_of_turn else []
 
     def encode(self, text: str) -> list[int]:
-        """`text` as ids, no special tokens added."""
+        """`text` as ids, no special tokens added (special-token text in `text` becomes special ids: use it for
+        template text only)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_content(self, text: str) -> list[int]:
+        """Untrusted `text` (a tool's output) as ids with special tokens split: `<|im_end|>` in it is plain text."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
+    def with_system_prompt(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` with `system_prompt` merged in once (module docstring)."""
+        if not self.system_prompt:
+            return list(messages)
+        if messages and messages[0].get("role") == "system":
+            merged = f"{self.system_prompt}\n\n{messages[0].get('content') or ''}".rstrip("\n")
+            return [{**messages[0], "content": merged}, *messages[1:]]
+        return [{"role": "system", "content": self.system_prompt}, *messages]
 
     def first(self, observation: Observation) -> list[int]:
         """The ids of an episode's first observation (messages rendered with a generation prompt)."""
@@ -85,7 +109,10 @@ class ObservationTokenizer:
             return list(observation.token_ids)
         if observation.messages is not None:
             text = self.tokenizer.apply_chat_template(
-                observation.messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs
+                self.with_system_prompt(observation.messages),
+                tokenize=False,
+                add_generation_prompt=True,
+                **self.template_kwargs,
             )
             return self.encode(text)
         return self.encode(observation.text)
@@ -95,7 +122,9 @@ class ObservationTokenizer:
         if observation.token_ids is not None:
             return list(observation.token_ids)
         closed = bool(self._eot_ids) and turn_token_ids[-len(self._eot_ids) :] == self._eot_ids
-        return self.encode(self.template.render(observation.text, closed))
+        t = self.template
+        head = ("" if closed else t.end_of_turn) + t.separator + t.prefix
+        return self.encode(head) + self.encode_content(observation.text) + self.encode(t.suffix)
 
     def decode(self, token_ids: list[int]) -> str:
         """A policy turn's text for the environment (special tokens kept, so tags survive)."""

@@ -24,7 +24,7 @@ class EpisodeGenerator:
         self.engine, self.cfg = engine, cfg
         self.pool: Any = None  # started on the first env row
         self.tools = _LazyPoolTools(self)
-        tokens = observation_tokenizer(tokenizer, chat_template=cfg.data.apply_chat_template)
+        tokens = observation_tokenizer(tokenizer, cfg.data.apply_chat_template, cfg.data.system_prompt)
         self.runner = EpisodeRunner(EnvSettings.from_config(cfg.env), tokens, self.tools)
 
     def generate(self, requests: list[PromptRequest], timeout_s: float = 600) -> list[Sample]:

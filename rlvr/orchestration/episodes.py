@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from rlvr.algorithms.policy_tokens import EPISODE_MARKER
+from rlvr.data.prompts import ROW_MESSAGES, ROW_PROMPT
 from rlvr.envs.base import Environment, StepResult
 from rlvr.envs.engine_turns import episode_to_sample
 from rlvr.envs.episode import Episode, GeneratedTurn, add_step, add_turn, start_episode, turn_budget
@@ -142,8 +144,9 @@ def episode_reward(terms: dict[str, float], primary: str | None) -> RewardResult
 
 
 def is_episode(sample: Sample) -> bool:
-    """Whether a sample is an episode's record (`episode_to_sample`)."""
-    return "reward_terms" in sample.metadata and "end_reason" in sample.metadata
+    """Whether a sample is an episode's record: the private marker only `episode_to_sample` sets (data columns
+    named like an episode's keys, e.g. a reused samples.jsonl, are rejected at load and never decide this)."""
+    return sample.metadata.get(EPISODE_MARKER) is True
 
 
 def sample_episode_reward(sample: Sample) -> RewardResult:
@@ -186,7 +189,9 @@ class EpisodeRunner:
 
     def start(self, request: PromptRequest, name: str, engine: int) -> list[PromptRequest]:
         """Begin G episodes of `request` on `engine`; returns their first turn requests."""
-        row = {**request.metadata, "prompt": request.metadata.get("prompt") or request.prompt_text}
+        md = request.metadata  # the row's raw prompt (rendered exactly once, by the first observation)
+        row = {**md, "prompt": md[ROW_PROMPT] if ROW_PROMPT in md else md.get("prompt") or request.prompt_text}
+        row["messages"] = md.get(ROW_MESSAGES)
         group = _Group(request, name, engine, row)
         self.groups[request.prompt_id] = group
         out: list[PromptRequest] = []
@@ -375,7 +380,7 @@ def build_episode_runner(cfg: Any, model_dir: str, actors: Any) -> EpisodeRunner
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_dir)
     apply_chat_template_override(tokenizer, cfg.model)
-    tokens = observation_tokenizer(tokenizer, chat_template=cfg.data.apply_chat_template)
+    tokens = observation_tokenizer(tokenizer, cfg.data.apply_chat_template, cfg.data.system_prompt)
     return EpisodeRunner(EnvSettings.from_config(cfg.env), tokens, ActorToolRunner(actors, cfg.cluster.actor_timeout_s))
 
 

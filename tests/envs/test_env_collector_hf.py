@@ -124,7 +124,9 @@ def test_episodes_on_the_transformers_engine_through_the_feeder(
     weights = {
         k: v.clone() for k, v in Qwen2ForCausalLM.from_pretrained(engine.tokenizer.name_or_path).state_dict().items()
     }
-    settings = EnvSettings(limits=EpisodeLimits(max_turns=3, max_tokens_per_turn=24, max_total_tokens=512))
+    settings = EnvSettings(  # the row names the config's import path (the data alone may not import one)
+        f"{__name__}:CalculatorEnv", limits=EpisodeLimits(max_turns=3, max_tokens_per_turn=24, max_total_tokens=512)
+    )
     with VerifierPool(RewardsSettings(num_workers=1, timeout_s=5.0)) as pool:
         tools = GatedTools(PoolToolRunner(pool))
         runner = EpisodeRunner(settings, obs_tokens, tools)
