@@ -49,7 +49,12 @@ class EngineTurnGenerator:
         )
 
 
-_FINISH: dict[str, FinishReason] = {"turn_length": "length", "max_total_tokens": "length", "abort": "abort"}
+_FINISH: dict[str, FinishReason] = {
+    "turn_length": "length",
+    "max_total_tokens": "length",
+    "prompt_too_long": "length",
+    "abort": "abort",
+}
 
 
 def transcript(ep: Episode) -> list[dict[str, str]]:
@@ -64,10 +69,17 @@ def transcript(ep: Episode) -> list[dict[str, str]]:
 
 
 def episode_to_sample(
-    ep: Episode, prompt_id: str, sample_index: int = 0, engine_id: int = 0, metadata: dict[str, Any] | None = None
+    ep: Episode,
+    prompt_id: str,
+    sample_index: int = 0,
+    engine_id: int = 0,
+    metadata: dict[str, Any] | None = None,
+    admitted: int = -1,
 ) -> Sample:
-    """The episode as a `Sample` (module docstring); turn records and metrics go to metadata."""
-    versions = [t.policy_version for t in ep.turns] or [-1]
+    """The episode as a `Sample` (module docstring); turn records and metrics go to metadata. Its versions are
+    its turns' oldest and newest; an episode without a turn (its prompt left no room, or its environment failed
+    to start) has the policy version it was `admitted` under, so it is not stale by construction."""
+    versions = [t.policy_version for t in ep.turns] or [admitted]
     cut = ep.prompt_length
     meta = {
         **(metadata or {}),

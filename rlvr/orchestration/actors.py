@@ -286,8 +286,11 @@ class VerifierActor(_Base):
     def run_tool(self, job_id: Any, fn: Any, args: tuple, timeout_s: float) -> None:
         self.pool.run_tool(job_id, fn, args, timeout_s)  # an episode's tool call or answer check (episodes.py)
 
-    def poll_tools(self) -> list[tuple[Any, Any]]:
-        return self.pool.poll_tools()
+    def poll_tools(self, started: bool = False) -> Any:
+        return self.pool.poll_tools(started)  # with `started`: (answers, ids of the jobs dispatched meanwhile)
+
+    def cancel_jobs(self, job_ids: list[Any]) -> int:
+        return self.pool.cancel_jobs(job_ids)  # queued jobs of an episode group that was dropped
 
     def metrics(self) -> dict[str, float]:
         return self.pool.metrics(reset=True)

@@ -133,6 +133,9 @@ class RolloutCollector:
         def full() -> bool:
             return len(kept) >= B if r.active_sampling else resolved >= B
 
+        episodes = getattr(self.feeder, "episodes", None)
+        if episodes is not None:
+            episodes.note_version(step)  # episodes started now are admitted under the learner's version
         while not full():
             try:
                 n = self.feeder.top_up(
@@ -189,6 +192,8 @@ class RolloutCollector:
         m["data/real_batch_size_ratio"] = len(kept) / max(resolved, 1)
         m.update(rollout_metrics(resolved_groups, step))
         m.update(episode_metrics(resolved_groups))
+        if episodes is not None:
+            m.update(episodes.metrics())  # env/restarts, env/lost_jobs (only once episodes have run)
         return kept, dict(m), uninformative
 
 
@@ -196,9 +201,21 @@ def _reraise(failure: EngineFailure) -> None:
     raise failure
 
 
+def replace_verifiers(actors: Any, error: BaseException) -> None:
+    """A verifier actor failed (died, or did not answer in time): kill them all and start new ones
+    (`actors.factory.verifiers()`). Scoring (`VerifierScorer`) and episode jobs (`ActorToolRunner`) share it."""
+    logger.error("verifier actor failed (%s): replacing the verifier actors", describe(error))
+    for v in actors.verifiers:
+        try:
+            ray.kill(v)
+        except Exception as e:  # already gone: nothing to kill
+            logger.debug("ray.kill of a verifier actor: %s", e)
+    actors.verifiers = actors.factory.verifiers()
+
+
 class VerifierScorer:
     """Scores groups in place on the verifier actors (`actors.verifiers`); returns the seconds it took. A dead
-    verifier actor is replaced once (`actors.factory.verifiers()`) and the batch scored again."""
+    verifier actor is replaced once (`replace_verifiers`) and the batch scored again."""
 
     def __init__(self, actors: Any, timeout_s: float) -> None:
         self.actors, self.timeout = actors, timeout_s
@@ -231,16 +248,19 @@ class VerifierScorer:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
                 if attempt == 2:
                     raise
-                logger.error("verifier actor failed (%s): replacing it", describe(e))
-                for v in verifiers:
-                    ray.kill(v)
-                self.actors.verifiers = self.actors.factory.verifiers()
+                replace_verifiers(self.actors, e)
         raise AssertionError("unreachable")
 
     def metrics(self) -> dict[str, float]:
-        """The verifier actors' counters, summed."""
+        """The verifier actors' counters, summed over those that answer (a dead one is skipped: scoring or the
+        episodes' tool runner replaces it; its counters since the last step are lost)."""
         m: dict[str, float] = {}
-        for v in ray.get([v.metrics.remote() for v in self.actors.verifiers], timeout=self.timeout):
-            for k, val in v.items():
+        for ref in [v.metrics.remote() for v in self.actors.verifiers]:
+            try:
+                counters = ray.get(ref, timeout=self.timeout)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
+                logger.warning("a verifier actor did not report its metrics (%s)", describe(e))
+                continue
+            for k, val in counters.items():
                 m[k] = m.get(k, 0.0) + val
         return m

@@ -5,13 +5,19 @@ A prompt routed to an environment (`EnvSettings.route`) becomes G = `num_samples
 for G completions. Each episode is, at any time, in one of three states:
 
 - waiting for a turn: a `PromptRequest(num_samples=1, prompt_token_ids=transcript so far)` is on the group's
-  engine, id `<prompt_id>~ep<k>.<attempt>.<turn>`; its sample (engine ids, log-probs, the engine's policy version)
-  is appended exactly (`add_turn`);
+  engine, id `<prompt_id>~g<n>.ep<k>.<attempt>.<turn>` (n: the group's incarnation, unique in this runner, so a
+  prompt that starts over never takes an answer meant for an earlier start); its sample (engine ids, log-probs,
+  the engine's policy version) is appended exactly (`add_turn`);
 - waiting for jobs: the environment's `begin_step` handed out tool calls or an answer check (`rlvr.envs.jobs`),
-  sent to the `ToolRunner` (the verifier pool's workers: their timeouts, and a hard kill as backstop); a job
-  with no answer by `timeout_s * 2 + JOB_GRACE_S` is answered here with a `JobFailure` ("timeout"), so a lost
-  job or a dead verifier actor cannot stall a step; `end_step` turns the outputs into the step's result;
-- done: an end reason (`rlvr.envs.episode`).
+  ids `<turn id>/j<slot>`. They wait here, first in first out, until the `ToolRunner` has a free slot
+  (`free_slots`: a few per verifier worker; the rest of the pool's queue is the scores'), then run in the
+  verifier pool's workers (their timeouts, and a hard kill as backstop). A job with no answer by `timeout_s * 2
+  + JOB_GRACE_S` after a worker took it (after it was handed over, for a runner that does not report dispatch)
+  is answered here with a `JobFailure` ("timeout", counted in `lost_jobs`), so a lost job cannot stall a step;
+  `end_step` turns the outputs into the step's result;
+- done: an end reason (`rlvr.envs.episode`), or "prompt_too_long" (the first observation leaves no room for a
+  turn; stamped with the policy version at admission, `note_version`, so it is never stale by construction), or
+  "env_error" (the environment raised, also in `reset`).
 
 Nothing here blocks: `start`, `on_sample` and `poll_jobs` return the next turn requests for the feeder to submit.
 A group whose G episodes are done becomes a `Group` of `episode_to_sample` records with rewards from the
@@ -19,12 +25,17 @@ environment's reward terms (`episode_reward`), handed out by `take_finished`.
 
 Restarts: an aborted turn restarts its episode from scratch (a fresh environment and transcript, attempt + 1) up
 to `max_restarts` times, then ends it with reason "abort"; `drop` forgets a group whose engine is replaced (the
-feeder re-queues the prompt, which starts over). Answers for an attempt or group that is gone are ignored.
+feeder re-queues the prompt, which starts over under a new incarnation): its jobs are forgotten too (cancelled
+in the pool where still queued). Answers whose id is unknown (a group or attempt that is gone) are ignored.
+`metrics` reports the restarts and lost jobs (`env/restarts`, `env/lost_jobs`).
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -46,8 +57,19 @@ JOB_GRACE_S = 30.0
 SEED_STRIDE_EPISODE, SEED_STRIDE_TURN = 7919, 104729
 
 
+JOBS_PER_WORKER = 2
+"""Tool jobs a runner keeps outstanding per verifier worker (the rest wait in the `EpisodeRunner`)."""
+WARN_EVERY_S = 60.0
+"""At most one warning per this many seconds about a verifier actor that keeps failing."""
+
+
 class ToolRunner(Protocol):
-    """Where jobs run: `submit` never blocks; `poll` returns (job_id, output or `JobFailure`) pairs."""
+    """Where jobs run: `submit` never blocks; `poll` returns (job_id, output or `JobFailure`) pairs.
+
+    Optional (a runner without them takes every job at once and its jobs are timed from their submission):
+    `free_slots()` (how many more jobs it takes now), `take_started()` (ids of the jobs a worker took since
+    the last call), `cancel(job_ids)` (forget jobs: never answered, or answered and ignored) and `lost` (jobs
+    it failed itself, e.g. on a dead actor)."""
 
     def submit(self, job_id: str, job: Job) -> None: ...
 
@@ -62,48 +84,120 @@ def _as_failure(output: Any) -> Any:
 
 
 class PoolToolRunner:
-    """Jobs in an in-process `VerifierPool` (tests, `rlvr eval`)."""
+    """Jobs in an in-process `VerifierPool` (tests, `rlvr eval`), at most `max_outstanding` at a time
+    (default `JOBS_PER_WORKER` per worker)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, max_outstanding: int | None = None) -> None:
         self.pool = pool
+        self.max_outstanding = max_outstanding or JOBS_PER_WORKER * pool.settings.num_workers
+        self.outstanding: set[str] = set()
+        self._started: list[str] = []
+
+    def free_slots(self) -> int:
+        return self.max_outstanding - len(self.outstanding)
 
     def submit(self, job_id: str, job: Job) -> None:
+        self.outstanding.add(job_id)
         self.pool.run_tool(job_id, job.fn, job.args, job.timeout_s)
 
     def poll(self) -> list[tuple[str, Any]]:
-        return [(job_id, _as_failure(out)) for job_id, out in self.pool.poll_tools()]
+        done, started = self.pool.poll_tools(started=True)
+        self._started += started
+        self.outstanding.difference_update(job_id for job_id, _ in done)
+        return [(job_id, _as_failure(out)) for job_id, out in done]
+
+    def take_started(self) -> list[str]:
+        started, self._started = self._started, []
+        return started
+
+    def cancel(self, job_ids: list[str]) -> None:
+        self.outstanding.difference_update(job_ids)
+        self.pool.cancel_jobs(job_ids)
 
 
 class ActorToolRunner:
-    """Jobs on the verifier actors (`actors.verifiers`, read on every call: a replaced actor is picked up),
-    spread round-robin. A dead actor's jobs are answered by the runner's deadline, never waited on forever."""
+    """Jobs on the verifier actors (`actors.verifiers`, read on every call: a replaced actor is picked up), each
+    to the actor with the fewest outstanding, at most `per_actor` each. A verifier actor that dies (its
+    `poll_tools` raises or times out) is replaced (`rlvr.orchestration.collector.replace_verifiers`, as scoring
+    does; at most once per `timeout_s`); the jobs outstanding on an actor that is no longer in `actors.verifiers`
+    (replaced here or by the scorer) are answered at once with a `JobFailure` ("crash", counted in `lost`)."""
 
-    def __init__(self, actors: Any, timeout_s: float) -> None:
-        self.actors, self.timeout_s = actors, timeout_s
-        self._next = 0
+    def __init__(self, actors: Any, timeout_s: float, per_actor: int = 8) -> None:
+        self.actors, self.timeout_s, self.per_actor = actors, timeout_s, per_actor
+        self.lost = 0
+        self._where: dict[str, Any] = {}  # job id -> the actor it went to
+        self._started: list[str] = []
+        self._replaced_at = -float("inf")
+        self._warned_at = -float("inf")
+
+    def _load(self, actor: Any) -> int:
+        return sum(a is actor for a in self._where.values())
+
+    def free_slots(self) -> int:
+        return sum(max(0, self.per_actor - self._load(v)) for v in self.actors.verifiers)
 
     def submit(self, job_id: str, job: Job) -> None:
-        verifiers = self.actors.verifiers
-        self._next = (self._next + 1) % len(verifiers)
-        verifiers[self._next].run_tool.remote(job_id, job.fn, job.args, job.timeout_s)
+        actor = min(self.actors.verifiers, key=self._load)
+        self._where[job_id] = actor
+        actor.run_tool.remote(job_id, job.fn, job.args, job.timeout_s)
 
     def poll(self) -> list[tuple[str, Any]]:
         import ray
 
+        verifiers = list(self.actors.verifiers)
+        refs = [v.poll_tools.remote(True) for v in verifiers]
         out: list[tuple[str, Any]] = []
-        for ref in [v.poll_tools.remote() for v in self.actors.verifiers]:
+        failure: Exception | None = None
+        for ref in refs:
             try:
-                out += [(job_id, _as_failure(o)) for job_id, o in ray.get(ref, timeout=self.timeout_s)]
+                done, started = ray.get(ref, timeout=self.timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-                logger.warning("verifier actor did not answer poll_tools (%s); its jobs will time out", e)
+                failure = failure or e
+                continue
+            self._started += started
+            for job_id, o in done:
+                self._where.pop(job_id, None)
+                out.append((job_id, _as_failure(o)))
+        if failure is not None:
+            self._on_failure(failure)
+        current = self.actors.verifiers
+        for job_id, actor in list(self._where.items()):
+            if not any(actor is v for v in current):  # its actor was replaced: no answer will come
+                del self._where[job_id]
+                self.lost += 1
+                out.append((job_id, JobFailure("crash", "its verifier actor died and was replaced")))
         return out
+
+    def _on_failure(self, e: Exception) -> None:
+        from rlvr.orchestration.collector import replace_verifiers
+
+        now = time.monotonic()
+        if now - self._replaced_at >= self.timeout_s:
+            self._replaced_at = now
+            replace_verifiers(self.actors, e)
+        elif now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            logger.warning("verifier actor still does not answer poll_tools (%s); its jobs will time out", e)
+
+    def take_started(self) -> list[str]:
+        started, self._started = self._started, []
+        return started
+
+    def cancel(self, job_ids: list[str]) -> None:
+        by_actor: dict[int, tuple[Any, list[str]]] = {}
+        for job_id in job_ids:
+            actor = self._where.pop(job_id, None)
+            if actor is not None:
+                by_actor.setdefault(id(actor), (actor, []))[1].append(job_id)
+        for actor, ids in by_actor.values():
+            actor.cancel_jobs.remote(ids)  # fire and forget: a dead actor's jobs are gone anyway
 
 
 @dataclass
 class _Episode:
     index: int
     attempt: int
-    env: Environment
+    env: Environment | None  # None: its environment could not start (the episode is done, "env_error")
     ep: Episode
     started: float
     turn: int = 0
@@ -119,16 +213,29 @@ class _Group:
     name: str
     engine: int
     row: dict[str, Any]
+    incarnation: int
+    version: int  # the policy version when the group was admitted
     episodes: list[_Episode] = field(default_factory=list)
 
 
+@dataclass
+class _JobEntry:
+    pid: str
+    k: int
+    turn_id: str
+    slot: int
+    job: Job
+    sent: bool = False  # handed to the tool runner (else waiting in the runner's queue)
+    deadline: float | None = None  # set when the job is dispatched (or handed over, see the module docstring)
+
+
 _MISSING = object()
-TURN_MARK = "~ep"
-"""Marks a turn request id: `<prompt_id>~ep<k>.<attempt>.<turn>`."""
+TURN_ID = re.compile(r"~g\d+\.ep\d+\.\d+\.\d+$")
+"""A turn request id: `<prompt_id>~g<incarnation>.ep<k>.<attempt>.<turn>`."""
 
 
-def _turn_id(prompt_id: str, e: _Episode) -> str:
-    return f"{prompt_id}{TURN_MARK}{e.index}.{e.attempt}.{e.turn}"
+def _turn_id(group: _Group, e: _Episode) -> str:
+    return f"{group.request.prompt_id}~g{group.incarnation}.ep{e.index}.{e.attempt}.{e.turn}"
 
 
 def episode_reward(terms: dict[str, float], primary: str | None) -> RewardResult:
@@ -174,9 +281,12 @@ class EpisodeRunner:
         self.max_restarts, self.clock = max_restarts, clock
         self.groups: dict[str, _Group] = {}
         self.turns: dict[str, tuple[str, int]] = {}  # turn request id -> (prompt id, episode index)
-        self.jobs: dict[str, tuple[str, int, str, int, float]] = {}  # job id -> (pid, k, turn id, slot, deadline)
+        self.jobs: dict[str, _JobEntry] = {}  # job id -> its episode, turn, slot, deadline
+        self.queued: deque[str] = deque()  # job ids waiting for a free slot of the tool runner, oldest first
         self.finished: list[Group] = []
-        self.counts = {"restarts": 0, "lost_jobs": 0}
+        self.counts = {"restarts": 0, "lost_jobs": 0, "groups": 0}
+        self.version = -1  # the newest policy version known (`note_version`, the engines' samples)
+        self._incarnations = itertools.count()
 
     # ---------------------------------------------------------------- feeder API
     def route(self, request: PromptRequest) -> str | None:
@@ -185,19 +295,26 @@ class EpisodeRunner:
 
     def owns(self, prompt_id: str) -> bool:
         """Whether a sample id is one of this runner's turn requests (current or stale)."""
-        return prompt_id in self.turns or TURN_MARK in prompt_id
+        return prompt_id in self.turns or TURN_ID.search(prompt_id) is not None
+
+    def note_version(self, version: int) -> None:
+        """The policy version now (the learner's step while collecting, the eval's step): groups started from
+        now on are admitted under it."""
+        self.version = max(self.version, version)
 
     def start(self, request: PromptRequest, name: str, engine: int) -> list[PromptRequest]:
         """Begin G episodes of `request` on `engine`; returns their first turn requests."""
         md = request.metadata  # the row's raw prompt (rendered exactly once, by the first observation)
         row = {**md, "prompt": md[ROW_PROMPT] if ROW_PROMPT in md else md.get("prompt") or request.prompt_text}
         row["messages"] = md.get(ROW_MESSAGES)
-        group = _Group(request, name, engine, row)
+        group = _Group(request, name, engine, row, next(self._incarnations), self.version)
         self.groups[request.prompt_id] = group
+        self.counts["groups"] += 1
         out: list[PromptRequest] = []
         for k in range(request.num_samples):
             group.episodes.append(self._new_episode(group, k, attempt=0))
-            out += self._advance(group, group.episodes[k])
+            if not group.episodes[k].done:
+                out += self._advance(group, group.episodes[k])
         self._maybe_finish(group)
         return out
 
@@ -211,10 +328,11 @@ class EpisodeRunner:
         if e.done or e.pending_turn != sample.prompt_id:
             return []
         e.pending_turn = ""
+        self.version = max(self.version, sample.version_start)
         if sample.finish_reason == "abort" and e.attempt < self.max_restarts:
             self.counts["restarts"] += 1
             e = group.episodes[e.index] = self._new_episode(group, e.index, e.attempt + 1)
-            out = self._advance(group, e)
+            out = [] if e.done else self._advance(group, e)
             self._maybe_finish(group)
             return out
         turn = GeneratedTurn(
@@ -236,36 +354,37 @@ class EpisodeRunner:
             return []  # nothing to ask the pool (single-turn runs never do)
         answers = self.tools.poll()
         now = self.clock()
-        for job_id, (_, _, _, _, deadline) in list(self.jobs.items()):
-            if now > deadline:
-                self.counts["lost_jobs"] += 1
-                answers.append((job_id, JobFailure("timeout", "no answer from the verifier pool in time")))
+        take_started = getattr(self.tools, "take_started", None)
+        for job_id in take_started() if take_started is not None else []:
+            entry = self.jobs.get(job_id)
+            if entry is not None and entry.deadline is None:
+                entry.deadline = now + 2 * entry.job.timeout_s + JOB_GRACE_S
+        lost = [j for j, entry in self.jobs.items() if entry.deadline is not None and now > entry.deadline]
+        if lost:
+            self.counts["lost_jobs"] += len(lost)
+            self._cancel_at_tools(lost)
+            answers += [(j, JobFailure("timeout", "no answer from the verifier pool in time")) for j in lost]
         out: list[PromptRequest] = []
         touched: set[str] = set()
         for job_id, output in answers:
-            where = self.jobs.pop(job_id, None)
-            group = self.groups.get(where[0]) if where else None
-            if where is None or group is None:
+            entry = self.jobs.pop(job_id, None)
+            group = self.groups.get(entry.pid) if entry is not None else None
+            if entry is None or group is None:
+                continue  # unknown: a job of a group or attempt that is gone
+            e = group.episodes[entry.k]
+            if e.done or e.pending is None or e.pending_turn != entry.turn_id:
                 continue
-            pid, k, turn_id, slot, _ = where
-            e = group.episodes[k]
-            if e.done or e.pending is None or e.pending_turn != turn_id:
-                continue
-            e.outputs[slot] = output
+            e.outputs[entry.slot] = output
             if any(o is _MISSING for o in e.outputs):
                 continue
             pending, outputs = e.pending, e.outputs
             e.pending, e.outputs, e.pending_turn = None, [], ""
-            try:
-                result = e.env.end_step(pending, outputs)  # type: ignore[attr-defined]
-            except Exception as err:  # trust boundary: a user environment's bug ends this episode, not the run
-                out += self._env_error(group, e, err)
-            else:
-                out += self._after_step(group, e, result)
-            touched.add(pid)
+            out += self._end_step(group, e, pending, outputs)
+            touched.add(entry.pid)
         for pid in touched:
             if pid in self.groups:
                 self._maybe_finish(self.groups[pid])
+        self._send_jobs()
         return out
 
     def engine_of(self, request: PromptRequest) -> int:
@@ -273,10 +392,19 @@ class EpisodeRunner:
         return self.groups[self.turns[request.prompt_id][0]].engine
 
     def drop(self, prompt_id: str) -> None:
-        """Forget a group (its engine was replaced; the prompt is re-queued and starts over)."""
+        """Forget a group (its engine was replaced; the prompt is re-queued and starts over), its turns and its
+        jobs (cancelled in the pool where it can)."""
         self.groups.pop(prompt_id, None)
         for turn_id in [t for t, (pid, _) in self.turns.items() if pid == prompt_id]:
             del self.turns[turn_id]
+        gone = {j: entry for j, entry in self.jobs.items() if entry.pid == prompt_id}
+        if not gone:
+            return
+        for j in gone:
+            del self.jobs[j]
+        self.queued = deque(j for j in self.queued if j not in gone)
+        self._cancel_at_tools([j for j, entry in gone.items() if entry.sent])
+        self._send_jobs()  # the slots they held
 
     def drop_eval(self) -> None:
         """Forget every eval group (a new eval starts; an earlier one was dropped with its engine)."""
@@ -292,10 +420,31 @@ class EpisodeRunner:
     def active(self) -> int:
         return len(self.groups)
 
+    def metrics(self) -> dict[str, float]:
+        """`env/restarts` (aborted turns that restarted their episode) and `env/lost_jobs` (jobs answered by the
+        runner's deadline or failed on a dead verifier actor, not by a worker), both since the start; {} before
+        the first episode group, so single-turn runs log nothing new."""
+        if not self.counts["groups"]:
+            return {}
+        lost = self.counts["lost_jobs"] + int(getattr(self.tools, "lost", 0))
+        return {"env/restarts": float(self.counts["restarts"]), "env/lost_jobs": float(lost)}
+
     # ---------------------------------------------------------------- the state machine
     def _new_episode(self, group: _Group, k: int, attempt: int) -> _Episode:
-        env = self.settings.make(group.name)
-        ep = start_episode(env, group.row, self.tokens)
+        """A fresh episode; one whose environment cannot be made or reset is done at once ("env_error", its
+        prompt the request's, no completion)."""
+        try:
+            env = self.settings.make(group.name)
+            ep = start_episode(env, group.row, self.tokens)
+        except Exception as err:  # trust boundary: a user environment's bug ends this episode, not the run
+            ids = list(group.request.prompt_token_ids)
+            ep = Episode(ids, [0] * len(ids), [0.0] * len(ids), [-1] * len(ids), prompt_length=len(ids))
+            e = _Episode(k, attempt, None, ep, self.clock())
+            self._env_error(group, e, err)
+            logger.warning(
+                "environment %s failed to start an episode of %s: %s", group.name, group.request.prompt_id, ep.error
+            )
+            return e
         return _Episode(k, attempt, env, ep, self.clock())
 
     def _budget(self, e: _Episode) -> int:
@@ -304,16 +453,18 @@ class EpisodeRunner:
     def _advance(self, group: _Group, e: _Episode) -> list[PromptRequest]:
         """The episode's next turn request, or its end when no room is left."""
         budget = self._budget(e)
+        if budget <= 0 and not e.ep.turns:
+            return self._finish(group, e, "prompt_too_long")  # the first observation leaves no room for a turn
         if budget <= 0 or e.turn >= self.settings.limits.max_turns:
             return self._finish(group, e, "max_total_tokens" if budget <= 0 else "max_turns")
         req = group.request
-        turn_id = _turn_id(req.prompt_id, e)
+        turn_id = _turn_id(group, e)
         seed = req.sampling.seed
         sampling = replace(
             req.sampling,
             max_new_tokens=budget,
             seed=None if seed is None else seed + SEED_STRIDE_EPISODE * e.index + SEED_STRIDE_TURN * e.turn,
-            stop_strings=list(req.sampling.stop_strings) + list(getattr(e.env, "stop_strings", [])),
+            stop_strings=list(req.sampling.stop_strings) + list(getattr(e.env, "stop_strings", None) or []),
         )
         e.pending_turn = turn_id
         self.turns[turn_id] = (req.prompt_id, e.index)
@@ -325,19 +476,47 @@ class EpisodeRunner:
             if isinstance(e.env, StagedEnvironment):
                 begun = e.env.begin_step(text, ids)
             else:
-                begun = e.env.step(text, ids)  # a plain environment steps here (it should be cheap)
+                begun = e.env.step(text, ids)  # type: ignore[union-attr]  # a plain environment steps here (cheap)
         except Exception as err:  # trust boundary: a user environment's bug ends this episode, not the run
             return self._env_error(group, e, err)
         if isinstance(begun, StepResult):
             return self._after_step(group, e, begun)
-        turn_id = _turn_id(group.request.prompt_id, e)
+        if not begun.jobs:  # nothing to run: the step ends now
+            return self._end_step(group, e, begun, [])
+        turn_id = _turn_id(group, e)
         e.pending, e.outputs, e.pending_turn = begun, [_MISSING] * len(begun.jobs), turn_id
-        now = self.clock()
         for slot, job in enumerate(begun.jobs):
             job_id = f"{turn_id}/j{slot}"
-            self.jobs[job_id] = (group.request.prompt_id, e.index, turn_id, slot, now + 2 * job.timeout_s + JOB_GRACE_S)
-            self.tools.submit(job_id, job)
+            self.jobs[job_id] = _JobEntry(group.request.prompt_id, e.index, turn_id, slot, job)
+            self.queued.append(job_id)
+        self._send_jobs()
         return []
+
+    def _end_step(self, group: _Group, e: _Episode, pending: PendingStep, outputs: list[Any]) -> list[PromptRequest]:
+        try:
+            result = e.env.end_step(pending, outputs)  # type: ignore[union-attr]
+        except Exception as err:  # trust boundary: a user environment's bug ends this episode, not the run
+            return self._env_error(group, e, err)
+        return self._after_step(group, e, result)
+
+    def _send_jobs(self) -> None:
+        """Hand queued jobs to the tool runner, oldest first, while it has free slots."""
+        free_slots = getattr(self.tools, "free_slots", None)
+        timed_at_dispatch = hasattr(self.tools, "take_started")
+        while self.queued:
+            if free_slots is not None and free_slots() <= 0:
+                return
+            job_id = self.queued.popleft()
+            entry = self.jobs[job_id]
+            entry.sent = True
+            if not timed_at_dispatch:
+                entry.deadline = self.clock() + 2 * entry.job.timeout_s + JOB_GRACE_S
+            self.tools.submit(job_id, entry.job)
+
+    def _cancel_at_tools(self, job_ids: list[str]) -> None:
+        cancel = getattr(self.tools, "cancel", None)
+        if cancel is not None and job_ids:
+            cancel(job_ids)
 
     def _after_step(self, group: _Group, e: _Episode, result: StepResult) -> list[PromptRequest]:
         ended = add_step(e.ep, result, e.turn, self.tokens, self.settings.limits)
@@ -361,7 +540,9 @@ class EpisodeRunner:
         primary = _primary(req.metadata)
         samples, rewards = [], []
         for e in group.episodes:
-            s = episode_to_sample(e.ep, req.prompt_id, e.index, group.engine, metadata=dict(req.metadata))
+            s = episode_to_sample(
+                e.ep, req.prompt_id, e.index, group.engine, metadata=dict(req.metadata), admitted=group.version
+            )
             s.is_eval = req.is_eval
             s.prompt_text = self.tokens.decode(e.ep.token_ids[: e.ep.prompt_length])
             s.metadata["attempt"] = e.attempt
@@ -381,7 +562,9 @@ def build_episode_runner(cfg: Any, model_dir: str, actors: Any) -> EpisodeRunner
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_dir)
     apply_chat_template_override(tokenizer, cfg.model)
     tokens = observation_tokenizer(tokenizer, cfg.data.apply_chat_template, cfg.data.system_prompt)
-    return EpisodeRunner(EnvSettings.from_config(cfg.env), tokens, ActorToolRunner(actors, cfg.cluster.actor_timeout_s))
+    per_actor = JOBS_PER_WORKER * max(1, int(getattr(cfg.rewards, "num_workers", 1) or 1))
+    tools = ActorToolRunner(actors, cfg.cluster.actor_timeout_s, per_actor=per_actor)
+    return EpisodeRunner(EnvSettings.from_config(cfg.env), tokens, tools)
 
 
 def check_env_at_start(cfg: Any, model_dir: str, stream: Any, eval_requests: list[PromptRequest]) -> None:

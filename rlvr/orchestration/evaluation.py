@@ -90,6 +90,7 @@ class Evaluator:
         episodes = getattr(self.feeder, "episodes", None)
         if episodes is not None:
             episodes.drop_eval()  # episodes of an eval dropped earlier never finish: forget them
+            episodes.note_version(step)  # an episode without a turn is stamped with the eval's version
         try:
             for i, (e, part) in enumerate(zip(self.actors.engines, [self.requests[i::n] for i in range(n)])):
                 if episodes is not None:  # env rows run episodes; their finished samples join eval_samples

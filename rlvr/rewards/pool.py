@@ -18,9 +18,12 @@ Invariants:
 - Jobs (`run_tool` / `poll_tools`: multi-turn tool calls and answer checks, docs/multi-turn.md): a module-level
   function and its arguments run in a worker like a row, under the job's own `timeout_s` (SIGALRM) and hard
   limit (`timeout_s + hard_grace_s`, then SIGKILL and a new worker). Every job gets exactly one answer: the
-  function's return value, or a `JobFailure` ("timeout" or "crash"). `run_tool` never blocks (no back-pressure:
-  the number of episodes in flight bounds the jobs). A worker left with a running thread after a job (an
-  abandoned tool call) retires after answering and is replaced.
+  function's return value, or a `JobFailure` ("timeout" or "crash"), unless it was cancelled while queued
+  (`cancel_jobs`: no answer). `run_tool` never blocks: the caller bounds its jobs (the collector's
+  `EpisodeRunner` keeps at most a few per worker outstanding and queues the rest itself). Scoring rows go before
+  queued jobs (a step waits on its scores). `poll_tools(started=True)` also says which jobs a worker took since
+  the last call, so a caller can time a job from its dispatch rather than from its submission. A worker left
+  with a running thread after a job (an abandoned tool call) retires after answering and is replaced.
 """
 
 from __future__ import annotations
@@ -200,6 +203,8 @@ class VerifierPool:
         self._counts = {"timeouts": 0, "crashes": 0, "restarts": 0, "completed": 0}
         self._jobs: dict[int, tuple[Any, Any, tuple, float]] = {}  # task id -> (job id, fn, args, timeout_s)
         self._jobs_done: list[tuple[Any, Any]] = []
+        self._pending_jobs: deque[int] = deque()  # queued job task ids: dispatched after every queued row
+        self._jobs_started: list[Any] = []  # job ids a worker took since the last `poll_tools(started=True)`
         self._job_counts = {"jobs": 0, "job_timeouts": 0, "job_crashes": 0}
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self._closed = False
@@ -230,16 +235,33 @@ class VerifierPool:
         with self._lock:
             task_id = next(self._ids)
             self._jobs[task_id] = (job_id, fn, tuple(args), float(timeout_s))
-            self._pending.append(task_id)
+            self._pending_jobs.append(task_id)
         self._wake()
         if self._broken is not None:
             self._fail_pending()
 
-    def poll_tools(self) -> list[tuple[Any, Any]]:
-        """`run_tool` jobs finished since the last call, as (job_id, output or JobFailure). Non-blocking."""
+    def poll_tools(self, started: bool = False) -> Any:
+        """`run_tool` jobs finished since the last call, as (job_id, output or JobFailure). Non-blocking. With
+        `started`: (that list, the ids of the jobs a worker took since the last such call)."""
         with self._lock:
             done, self._jobs_done = self._jobs_done, []
-        return done
+            if not started:
+                return done
+            taken, self._jobs_started = self._jobs_started, []
+        return done, taken
+
+    def cancel_jobs(self, job_ids: Sequence[Any]) -> int:
+        """Forget the queued jobs among `job_ids` (they never run and get no answer); a job already running
+        answers as usual. Returns how many were cancelled."""
+        wanted = set(job_ids)
+        with self._lock:
+            gone = [t for t in self._pending_jobs if self._jobs[t][0] in wanted]
+            for t in gone:
+                del self._jobs[t]
+            if gone:
+                dropped = set(gone)
+                self._pending_jobs = deque(t for t in self._pending_jobs if t not in dropped)
+        return len(gone)
 
     def score_many(self, items: Sequence[Item], timeout: float | None = None) -> list[RewardResult]:
         """Score `items` and wait for all results (results in item order)."""
@@ -263,6 +285,7 @@ class VerifierPool:
             for key, value in self._counts.items():
                 out[f"reward/pool/{key}"] = float(value)
             out["reward/pool/queued"] = float(len(self._tasks))
+            out["reward/pool/jobs_queued"] = float(len(self._pending_jobs))
             for key, value in self._job_counts.items():
                 out[f"reward/pool/{key}"] = float(value)
             if reset:
@@ -433,7 +456,8 @@ class VerifierPool:
     def _fail_pending(self) -> None:
         """Workers cannot start: answer every queued row with an error instead of hanging the caller."""
         with self._lock:
-            pending, self._pending = list(self._pending), deque()
+            pending, self._pending = list(self._pending) + list(self._pending_jobs), deque()
+            self._pending_jobs = deque()
         for task_id in pending:
             if task_id in self._jobs:
                 self._complete_job(task_id, ("crash", str(self._broken)), 0.0)
@@ -445,11 +469,13 @@ class VerifierPool:
             now = time.monotonic()
             with self._lock:
                 for w in self._workers:
-                    if w.ready and w.task_id is None and self._pending:
-                        w.task_id = self._pending.popleft()
+                    if w.ready and w.task_id is None and (self._pending or self._pending_jobs):
+                        # rows first: a step waits on its scores; jobs are bounded by their caller
+                        w.task_id = (self._pending or self._pending_jobs).popleft()
                         w.started = now
                         if w.task_id in self._jobs:
-                            _, fn, args, limit = self._jobs[w.task_id]
+                            job_id, fn, args, limit = self._jobs[w.task_id]
+                            self._jobs_started.append(job_id)
                             w.deadline = now + limit + self._hard_grace
                             message: tuple = ("job", w.task_id, fn, args, limit)
                         else:

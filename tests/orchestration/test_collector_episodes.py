@@ -32,12 +32,6 @@ G = 3
 CALL = '<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
 
 
-def spin() -> str:
-    """A tool that never returns and holds the GIL (loaded by the pool's workers as `test_collector_episodes:spin`)."""
-    while True:
-        pass
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return build_tokenizer([string.printable] * 2 + ["<tool_call>", "</tool_call>", "lookup", "item", "boxed"], 300)
@@ -80,7 +74,7 @@ class FakeTurnEngine:
         if not seen:
             item = re.search(r"item ([A-Z]\d)", transcript)
             return CALL.format(key=f"item {item.group(1) if item else 'A0'}")
-        episode = int(req.prompt_id.rsplit("~ep", 1)[1].split(".")[0])
+        episode = int(re.search(r"~g\d+\.ep(\d+)\.", req.prompt_id).group(1))
         return "\\boxed{%s}" % ("1" if episode in self.wrong else seen[-1])
 
     def _poll(self) -> list[Sample]:
@@ -89,7 +83,7 @@ class FakeTurnEngine:
             raise EngineFailure(0, "died: test")
         out = []
         for r in self.queue:
-            if "~ep" not in r.prompt_id:  # a single-turn request: G completions at once
+            if "~g" not in r.prompt_id:  # a single-turn request: G completions at once
                 out += [Sample(r.prompt_id, j, r.prompt_token_ids, [5], "x", [-1.0], "stop", 0, 0) for j in range(G)]
                 continue
             assert r.num_samples == 1
@@ -220,7 +214,7 @@ def test_episodes_are_token_exact_scored_and_accounted_with_async_steps_1(tokeni
 def _check_exact(s: Sample, engine: FakeTurnEngine, tokenizer: Any) -> None:
     """The completion is the engine's turn ids and the observation ids, in order; the mask marks the engine's."""
     mask = s.metadata["completion_loss_mask"]
-    turns = [r for r in engine.requests if r.prompt_id.startswith(f"{s.prompt_id}~ep{s.sample_index}.")]
+    turns = [r for r in engine.requests if re.match(rf"{s.prompt_id}~g\d+\.ep{s.sample_index}\.", r.prompt_id)]
     assert len(turns) == len(s.metadata["turns"]) == 2
     for req, (start, end, version, _finish) in zip(turns, s.metadata["turns"]):
         ids = engine.produced[req.prompt_id]
@@ -244,7 +238,7 @@ def test_rows_without_env_stay_single_turn(tokenizer, pool) -> None:
     groups, _ = c.collect(0)
     _train(c, ledger, groups, engine)
     groups += c.collect(1)[0]
-    plain = [r for r in engine.requests if "~ep" not in r.prompt_id]
+    plain = [r for r in engine.requests if "~g" not in r.prompt_id]
     assert [r.prompt_id for r in plain] == ["p1", "p3"] and all(r.num_samples == G for r in plain)
     by_id = {g.prompt_id: g for g in groups}
     assert sorted(by_id) == ["p0", "p1", "p2", "p3"]
@@ -261,7 +255,7 @@ def test_each_turn_carries_the_version_it_was_generated_with(tokenizer, pool) ->
 
 
 def test_a_hung_tool_is_an_error_observation_not_a_stalled_step(tokenizer, pool) -> None:
-    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2, tools=["test_collector_episodes:spin"])
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2, tools=["hung_tools:spin"])
     engine._text = lambda req: (  # call the spinning tool once, then give up with an answer
         "\\boxed{0}"
         if "<tool_response>" in tokenizer.decode(req.prompt_token_ids)
@@ -276,12 +270,12 @@ def test_a_hung_tool_is_an_error_observation_not_a_stalled_step(tokenizer, pool)
 
 def test_an_aborted_turn_restarts_its_episode_from_scratch(tokenizer, pool) -> None:
     c, engine, ledger, runner = _setup(tokenizer, pool, limit=2)
-    engine.abort_once = {"p0~ep1.0.1"}  # episode 1 of p0: its second turn is aborted once
+    engine.abort_once = {"p0~g0.ep1.0.1"}  # episode 1 of p0 (the runner's first group): its second turn, once
     groups, _ = c.collect(0)
     s = next(g for g in groups if g.prompt_id == "p0").samples[1]
     assert s.metadata["attempt"] == 1 and s.metadata["end_reason"] == "done" and len(s.metadata["turns"]) == 2
-    restarted = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~ep1.1.")]
-    assert restarted == ["p0~ep1.1.0", "p0~ep1.1.1"]  # the new attempt starts at turn 0
+    restarted = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~g0.ep1.1.")]
+    assert restarted == ["p0~g0.ep1.1.0", "p0~g0.ep1.1.1"]  # the new attempt starts at turn 0
     assert runner.counts["restarts"] == 1
 
 
@@ -294,8 +288,9 @@ def test_an_engine_failure_requeues_and_restarts_the_episodes_exactly_once(token
         trained += [g.prompt_id for g in groups]
         _train(c, ledger, groups, engine)
     assert sorted(trained) == [f"p{i}" for i in range(6)]
-    firsts = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~ep0.")]
-    assert firsts.count("p0~ep0.0.0") == 2  # submitted, lost with the engine, submitted again from turn 0
+    firsts = [r.prompt_id for r in engine.requests if re.fullmatch(r"p0~g\d+\.ep0\.0\.0", r.prompt_id)]
+    # submitted, lost with the engine, submitted again from turn 0 under a new incarnation (fresh ids)
+    assert len(firsts) == len(set(firsts)) == 2
 
 
 class SilentTools:
