@@ -78,6 +78,15 @@ def _validate_env(cfg: ExperimentConfig) -> None:
         all(isinstance(t, str) and t.strip() for t in e.tools),
         f"--env.tools holds an empty name: {e.tools!r}",
     )
+    from rlvr.rollout.vllm_support import runs_episodes  # light (no vLLM import); it imports rlvr.config
+
+    max_len = cfg.rollout.vllm_max_model_len
+    _require(
+        not (cfg.rollout.backend == "vllm" and 0 < max_len < e.max_total_tokens and runs_episodes(cfg)),
+        f"--rollout.vllm-max-model-len ({max_len}) is shorter than an episode may grow "
+        f"(--env.max-total-tokens {e.max_total_tokens}): raise it to at least {e.max_total_tokens} (or 0 for the "
+        "automatic length) or lower --env.max-total-tokens",
+    )
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -8,7 +8,8 @@
   tool timeout when the section sets them (for `ToolEnv`-style factories; a user environment takes what its
   factory accepts).
 - `check_env` is the start-up check (run before any actor starts; a ValueError naming the field): every
-  environment named by the section or by the data is known, and `max_total_tokens` fits the model's context.
+  environment named by the section or by the data is known, and `max_total_tokens` fits the model's context,
+  the pack length and a set `rollout.vllm_max_model_len`.
 - `observation_tokenizer`: the tokenizer's chat template when it has one (and the data applies it); otherwise plain text (messages joined
   by newlines; an observation turn is its content on its own line), as the tiny CPU model's prompts are.
 """
@@ -109,6 +110,13 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
         raise ValueError(
             f"--env.max-total-tokens ({env.max_total_tokens}) exceeds the model's context "
             f"({model_context} positions, max_position_embeddings): lower it to at most {model_context}"
+        )
+    max_len = cfg.rollout.vllm_max_model_len
+    if names and cfg.rollout.backend == "vllm" and 0 < max_len < env.max_total_tokens:
+        raise ValueError(
+            f"--rollout.vllm-max-model-len ({max_len}) is shorter than an episode may grow "
+            f"(--env.max-total-tokens {env.max_total_tokens}): raise it to at least {env.max_total_tokens} "
+            "or lower --env.max-total-tokens"
         )
     if names and cfg.learner.pack_length < env.max_total_tokens:
         raise ValueError(

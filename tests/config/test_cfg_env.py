@@ -84,3 +84,17 @@ def test_write_rows_gives_routed_rows(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in Path(train).read_text().splitlines()]
     assert len(rows) == 5 and all(r["env"] == "tool_lookup" and r["table"] for r in rows)
     assert len(Path(test).read_text().splitlines()) == 3
+
+
+def test_a_vllm_max_model_len_below_an_episode_is_refused_naming_both_flags() -> None:
+    base = {"cluster": {"device": "cuda"}, "learner": {"pack_length": 4096}}
+    rollout = {"backend": "vllm", "vllm_max_model_len": 1024}
+    cfg = from_dict({**base, "rollout": rollout, "env": {"name": "tool", "max_total_tokens": 2048}}, default_config())
+    with pytest.raises(ConfigError, match=r"--rollout\.vllm-max-model-len \(1024\).*--env\.max-total-tokens 2048"):
+        validate(cfg)
+    cfg.rollout.vllm_max_model_len = 2048
+    validate(cfg)
+    cfg.rollout.vllm_max_model_len, cfg.env.name = 1024, ""  # no episodes configured: a single-turn run
+    validate(cfg)
+    with pytest.raises(ValueError, match=r"--rollout\.vllm-max-model-len \(1024\).*--env\.max-total-tokens 2048"):
+        check_env(cfg, None, {"tool_lookup"})  # rows route to an environment (start-up check)
