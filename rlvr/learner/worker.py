@@ -193,10 +193,13 @@ class LearnerWorker:
                     if faults.due("nan_loss", self.version + 1):
                         loss = loss * float("nan")  # fault injection (tests of the numerical guard)
                     if not torch.isfinite(loss):
+                        # skip the step (every rank, via `_optimizer_step`'s MIN all-reduce), but go on with every
+                        # micro-batch: the other ranks' remaining gathers, head-call all-reduces and gradient
+                        # reductions (ZeRO) are collectives that need this rank too. A zero-weight loss keeps the graph
                         finite = False
-                        break
+                        loss = 0.0 * torch.nan_to_num(lp, nan=0.0, posinf=0.0, neginf=0.0).sum()
                     self.backend.backward(loss, is_last=mi == len(pb.micro_batches) - 1)
-                    if mask.any():
+                    if finite and mask.any():
                         self._record(
                             metrics,
                             {**m_loss, **m_corr},

@@ -4,6 +4,8 @@ Under ZeRO-3 every module call gathers that module's parameters (a collective), 
 the same number of times. The log-prob head runs in chunks of `learner.logprob_chunk_size` tokens: a rank with a
 longer packed row would call it more often than the other and both would wait forever in mismatched gathers (the
 2-learner ZeRO-3 runs on GPUs hung at their first step). The learner agrees on one chunk count across ranks.
+A non-finite loss on one rank (fault injection on rank 0) must not desynchronise them either: that rank goes on
+through its remaining micro-batches with a zero-weight loss, and both ranks skip the step.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ SCRIPT = textwrap.dedent("""
     w = LearnerWorker(cfg, model_dir, rank, 2, "127.0.0.1", port, "cpu", num_threads=1)
     g = torch.Generator().manual_seed(rank)
     n = 30 if rank == 0 else 6  # rank 0: 9 head chunks of 4 tokens, rank 1: 3 chunks
-    inputs = [PackInput(0, torch.randint(3, 14, (4,), generator=g).tolist(),
-                        torch.randint(3, 14, (n,), generator=g).tolist(), [-3.0] * n, 1.0)]
-    batches = build_packed_batches(inputs, pack_length=64, micro_batch_rows=1)
-    metrics = [w.train_batch(batches) for _ in range(2)]
-    print("RESULT " + json.dumps({"rank": rank, "loss": [m["loss/total"] for m in metrics]}), flush=True)
+    inputs = [PackInput(i, torch.randint(3, 14, (4,), generator=g).tolist(),
+                        torch.randint(3, 14, (n - i,), generator=g).tolist(), [-3.0] * (n - i), 1.0 - i)
+              for i in range(2)]
+    batches = build_packed_batches(inputs, pack_length=4 + n, micro_batch_rows=1)  # 2 micro-batches per rank
+    assert len(batches[0].micro_batches) == 2
+    metrics = [w.train_batch(batches) for _ in range(3)]  # RLVR_INJECT_FAULTS=nan_loss@2 on rank 0: step 2
+    print("RESULT " + json.dumps({"rank": rank, "loss": [m.get("loss/total", 0.0) for m in metrics],
+                                  "skipped": [m["learner/skipped_steps"] for m in metrics]}), flush=True)
     torch.distributed.barrier()
     w.shutdown()
     sys.stdout.flush()
@@ -64,7 +69,7 @@ def test_zero3_ranks_with_different_row_lengths_train_together(tmp_path) -> None
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=env,
+            env={**env, "RLVR_INJECT_FAULTS": "nan_loss@2"} if rank == 0 else env,
         )
         for rank in (0, 1)
     ]
@@ -74,7 +79,7 @@ def test_zero3_ranks_with_different_row_lengths_train_together(tmp_path) -> None
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        pytest.fail("the two ZeRO-3 ranks did not finish two training steps: mismatched collectives (a hang)")
+        pytest.fail("the two ZeRO-3 ranks did not finish their training steps: mismatched collectives (a hang)")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -83,4 +88,5 @@ def test_zero3_ranks_with_different_row_lengths_train_together(tmp_path) -> None
     results = [json.loads(ln[len("RESULT ") :]) for o, _ in outs for ln in o.splitlines() if ln.startswith("RESULT ")]
     assert sorted(r["rank"] for r in results) == [0, 1]
     for r in results:
-        assert all(abs(x) > 0 and x == x for x in r["loss"])  # real, finite losses on both ranks
+        assert all(x == x for x in r["loss"]) and abs(r["loss"][0]) > 0  # finite losses on both ranks
+        assert r["skipped"] == [0.0, 1.0, 1.0]  # the NaN on rank 0 at step 2 skipped that step on BOTH ranks
