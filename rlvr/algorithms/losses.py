@@ -20,7 +20,9 @@ so they enter no sum, count, sequence ratio or mean below), N_tok / N_seq = GLOB
 optimizer step (all micro-batches, all data-parallel ranks), passed in by the caller:
 - "token-mean" (DAPO): sum m L / N_tok.
 - "seq-mean-token-mean" (GRPO): sum_i (sum_t m L / n_i) / N_seq, n_i = loss tokens of sample i.
-- "seq-mean-token-sum-norm" (Dr. GRPO): sum m L / (N_seq * max_completion_length).
+- "seq-mean-token-sum-norm" (Dr. GRPO): sum m L / (N_seq * max_completion_length). The constant is
+  `run_max_completion_length(cfg)`: `generation.max_new_tokens`, or, where the config runs episodes, the larger
+  of it and the episode cap (`rlvr.algorithms.shaping.episode_length_cap`: policy tokens over all turns).
 - "bnpo": sum m L / sum m over the local micro-batch (not composable by construction).
 Invariant: for every aggregation but bnpo, summing the losses (or gradients) of any split of the step into
 micro-batches and ranks gives exactly the loss of the whole step. The caller must therefore SUM gradients
@@ -37,7 +39,7 @@ import torch
 
 from rlvr.algorithms.kl import KLEstimator, kl_penalty
 from rlvr.algorithms.segments import segment_broadcast, segment_index, segment_sum
-from rlvr.config.sections import AlgorithmConfig
+from rlvr.config.sections import AlgorithmConfig, ExperimentConfig
 
 LossName = Literal["dapo", "grpo", "dr_grpo", "gspo", "cispo", "sapo"]
 AggregationName = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "bnpo"]
@@ -99,7 +101,7 @@ class LossConfig:
 
     @classmethod
     def from_config(cls, algorithm: AlgorithmConfig, max_completion_length: int | None = None) -> LossConfig:
-        """The loss settings of `cfg.algorithm`; pass `cfg.generation.max_new_tokens` as the Dr. GRPO length."""
+        """The loss settings of `cfg.algorithm`; pass `run_max_completion_length(cfg)` as the Dr. GRPO length."""
         return cls(
             max_completion_length=max_completion_length,
             **{f.name: getattr(algorithm, f.name) for f in fields(cls) if f.name != "max_completion_length"},
@@ -144,6 +146,17 @@ def surrogate_loss(
         tau = torch.where(advantages > 0, tau_pos, torch.full_like(ratio, config.sapo_tau_neg))
         return -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages, ratio
     raise ValueError(f"unknown algorithm.loss {config.loss!r}; choose one of {sorted(AUTO_AGGREGATION)}")
+
+
+def run_max_completion_length(cfg: ExperimentConfig) -> int:
+    """Dr. GRPO's Lmax for a run (module docstring): one constant for every sample, long enough for an episode's
+    policy tokens over all its turns where the config runs episodes (`env.name`, a built-in episode task)."""
+    from rlvr.algorithms.shaping import episode_length_cap
+    from rlvr.rollout.vllm_support import runs_episodes  # light: no vLLM import
+
+    if runs_episodes(cfg):
+        return max(cfg.generation.max_new_tokens, episode_length_cap(cfg.env))
+    return cfg.generation.max_new_tokens
 
 
 def aggregate_loss(

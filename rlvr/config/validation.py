@@ -87,6 +87,17 @@ def _validate_env(cfg: ExperimentConfig) -> None:
         f"(--env.max-total-tokens {e.max_total_tokens}): raise it to at least {e.max_total_tokens} (or 0 for the "
         "automatic length) or lower --env.max-total-tokens",
     )
+    a = cfg.algorithm
+    if a.overlong_buffer > 0 and runs_episodes(cfg):
+        from rlvr.algorithms.shaping import episode_length_cap
+
+        cap = episode_length_cap(e)
+        _require(
+            a.overlong_buffer < cap,
+            f"--algorithm.overlong-buffer ({a.overlong_buffer}) must be smaller than an episode's Lmax ({cap} = "
+            f"min(--env.max-turns {e.max_turns} x --env.max-tokens-per-turn {e.max_tokens_per_turn}, "
+            f"--env.max-total-tokens {e.max_total_tokens}))",
+        )
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:

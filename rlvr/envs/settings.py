@@ -118,6 +118,12 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
             f"(--env.max-total-tokens {env.max_total_tokens}): raise it to at least {env.max_total_tokens} "
             "or lower --env.max-total-tokens"
         )
+    cap = min(env.max_turns * env.max_tokens_per_turn, env.max_total_tokens)  # shaping.episode_length_cap
+    if names and 0 < cfg.algorithm.overlong_buffer and cap <= cfg.algorithm.overlong_buffer:
+        raise ValueError(
+            f"--algorithm.overlong-buffer ({cfg.algorithm.overlong_buffer}) must be smaller than an episode's Lmax "
+            f"({cap} = min(--env.max-turns x --env.max-tokens-per-turn, --env.max-total-tokens))"
+        )
     if names and cfg.learner.pack_length < env.max_total_tokens:
         raise ValueError(
             f"--learner.pack-length ({cfg.learner.pack_length}) is shorter than an episode may grow "

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from rlvr import faults
 from rlvr.algorithms.correction import CorrectionConfig, importance_weights
-from rlvr.algorithms.losses import LossConfig, policy_loss
+from rlvr.algorithms.losses import LossConfig, policy_loss, run_max_completion_length
 from rlvr.config import ExperimentConfig
 from rlvr.learner.backends import DeepSpeedBackend, TorchBackend, weights_only_load
 from rlvr.learner.logprobs import head_chunks, packed_logprobs
@@ -54,7 +54,7 @@ def loss_config(cfg: ExperimentConfig) -> LossConfig:
         kl_beta=a.kl_beta,
         kl_estimator=a.kl_estimator,
         entropy_coef=a.entropy_coef,
-        max_completion_length=cfg.generation.max_new_tokens,
+        max_completion_length=run_max_completion_length(cfg),  # episodes: their policy tokens over all turns
     )
 
 

@@ -17,7 +17,7 @@ import ray
 from rlvr import faults
 from rlvr.algorithms.advantages import AdvantageConfig, assign_group_advantages
 from rlvr.algorithms.packing import pack_step
-from rlvr.algorithms.shaping import ShapingConfig
+from rlvr.algorithms.shaping import ShapingConfig, episode_length_cap
 from rlvr.config import ExperimentConfig
 from rlvr.orchestration.accounting import PromptLedger, source_drops
 from rlvr.orchestration.actors import engine_get
@@ -75,7 +75,7 @@ class Trainer:
         self.failures: list[dict[str, Any]] = []
         self.weights = WeightUpdater(actors, self.timeout)
         self.score = VerifierScorer(actors, self.timeout)
-        shaping = ShapingConfig.from_config(a, cfg.generation.max_new_tokens)
+        shaping = ShapingConfig.from_config(a, cfg.generation.max_new_tokens, episode_length_cap(cfg.env))
         self.collector = RolloutCollector(
             self.feeder,
             self.ledger,

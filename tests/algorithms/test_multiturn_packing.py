@@ -17,12 +17,14 @@ from rlvr.algorithms.advantages import assign_group_advantages
 from rlvr.algorithms.correction import CorrectionConfig, importance_weights, staleness_filter
 from rlvr.algorithms.entropy import entropy_from_logits
 from rlvr.algorithms.filtering import filter_groups
-from rlvr.algorithms.losses import LossConfig, policy_loss
+from rlvr.algorithms.losses import LossConfig, policy_loss, run_max_completion_length
 from rlvr.algorithms.packing import PackInput, build_packed_batches, pack_inputs_from_groups, pack_step
 from rlvr.algorithms.policy_tokens import completion_mask, is_truncated, num_policy_tokens
-from rlvr.algorithms.shaping import ShapingConfig, shape_group
+from rlvr.algorithms.shaping import ShapingConfig, episode_length_cap, shape_group
+from rlvr.config import default_config
 from rlvr.envs.engine_turns import episode_to_sample
 from rlvr.envs.episode import Episode, TurnRecord
+from rlvr.learner.worker import loss_config
 from rlvr.types import Group, MicroBatch, PackedBatch, RewardResult, Sample
 
 VOCAB, PACK_LENGTH = 11, 48
@@ -376,3 +378,31 @@ def test_advantages_and_filtering_are_per_episode() -> None:
     assert len(group.advantages) == 4  # one per episode, whatever its number of turns and tokens
     assert group.advantages[0] == pytest.approx(group.advantages[3])
     assert group.advantages[0] > 0 > group.advantages[1]
+
+
+def test_episodes_are_shaped_against_the_episode_lmax_single_turn_rows_against_theirs() -> None:
+    # single-turn Lmax 10, episode Lmax 40 (buffer 4): 12 policy tokens are over the single-turn limit only
+    episode = _sample("done", [(6, 3), (6, 0)], 0)
+    single = Sample("p", 1, [1], [2] * 12, "x", [-0.1] * 12, "stop", 0, 0)
+    forged = Sample("p", 2, [1], [2] * 12, "x", [-0.1] * 12, "stop", 0, 0, metadata={"end_reason": "done"})
+    group = Group("p", [episode, single, forged], [RewardResult({}, 1.0) for _ in range(3)])
+    config = ShapingConfig(
+        max_completion_length=10, overlong_buffer=4, overlong_penalty=1.0, episode_max_completion_length=40
+    )
+    shape_group(group, config)
+    assert [r.total for r in group.rewards] == [1.0, 0.0, 0.0]  # metadata alone does not make an episode
+
+
+def test_the_run_lmax_holds_an_episode_where_the_config_runs_episodes() -> None:
+    cfg = default_config()
+    cfg.generation.max_new_tokens = 128
+    cfg.env.max_turns, cfg.env.max_tokens_per_turn, cfg.env.max_total_tokens = 4, 100, 2048
+    assert run_max_completion_length(cfg) == 128  # no episodes: the single-turn limit, as before
+    assert (
+        ShapingConfig.from_config(cfg.algorithm, 128, episode_length_cap(cfg.env)).episode_max_completion_length == 400
+    )
+    cfg.env.name = "tool"
+    assert run_max_completion_length(cfg) == 400 == episode_length_cap(cfg.env)
+    cfg.env.max_total_tokens = 300  # the transcript cap binds first
+    assert run_max_completion_length(cfg) == 300
+    assert loss_config(cfg).max_completion_length == 300  # the learner's Dr. GRPO normaliser

@@ -98,3 +98,21 @@ def test_a_vllm_max_model_len_below_an_episode_is_refused_naming_both_flags() ->
     validate(cfg)
     with pytest.raises(ValueError, match=r"--rollout\.vllm-max-model-len \(1024\).*--env\.max-total-tokens 2048"):
         check_env(cfg, None, {"tool_lookup"})  # rows route to an environment (start-up check)
+
+
+def test_an_overlong_buffer_beyond_the_episode_lmax_is_refused() -> None:
+    cfg = from_dict(
+        {
+            "generation": {"max_new_tokens": 1024},
+            "learner": {"pack_length": 4096},
+            "algorithm": {"overlong_buffer": 512},
+            "env": {"name": "tool", "max_turns": 2, "max_tokens_per_turn": 200},
+        },
+        default_config(),
+    )
+    with pytest.raises(ConfigError, match=r"--algorithm\.overlong-buffer \(512\).*episode's Lmax \(400"):
+        validate(cfg)
+    cfg.env.name = ""
+    validate(cfg)  # a single-turn run: its Lmax is --generation.max-new-tokens
+    with pytest.raises(ValueError, match=r"--algorithm\.overlong-buffer \(512\).*episode's Lmax \(400"):
+        check_env(cfg, None, {"tool_lookup"})
