@@ -361,6 +361,10 @@ class EnvConfig:
     """New tokens per policy turn (end reason `turn_length`)."""
     max_total_tokens: int = 2048
     """Prompt + every turn + every observation (end reason `max_total_tokens`); at most the model's context."""
+    allow_unisolated_python: bool = False
+    """Let the `python` tool run where the code sandbox has only its weakest level (`rlimits`: no network or
+    filesystem isolation; README, Security and reliability). Off: an environment with the `python` tool is
+    refused at start-up unless the sandbox isolates (`namespaces` or `userns`)."""
 
 
 @dataclass

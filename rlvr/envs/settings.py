@@ -9,7 +9,10 @@
   factory accepts).
 - `check_env` is the start-up check (run before any actor starts; a ValueError naming the field): every
   environment named by the section or by the data is known, and `max_total_tokens` fits the model's context,
-  the pack length and a set `rollout.vllm_max_model_len`.
+  the pack length and a set `rollout.vllm_max_model_len`. An environment with the `python` tool (the code sandbox)
+  is refused where the sandbox does not isolate (`isolation_level()` "rlimits": no network or filesystem
+  isolation) unless `env.allow_unisolated_python` opts in: model-written code is untrusted, and the `code`
+  verifiers' rule is the same (README: "do not train on untrusted code that way").
 - `observation_tokenizer`: the tokenizer's chat template when it has one (and the data applies it); otherwise plain text (messages joined
   by newlines; an observation turn is its content on its own line), as the tiny CPU model's prompts are.
 """
@@ -111,6 +114,7 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
             f"--env.max-total-tokens ({env.max_total_tokens}) exceeds the model's context "
             f"({model_context} positions, max_position_embeddings): lower it to at most {model_context}"
         )
+    _check_python_isolation(cfg, names)
     max_len = cfg.rollout.vllm_max_model_len
     if names and cfg.rollout.backend == "vllm" and 0 < max_len < env.max_total_tokens:
         raise ValueError(
@@ -128,6 +132,34 @@ def check_env(cfg: Any, model_context: int | None, data_envs: set[str] | None = 
         raise ValueError(
             f"--learner.pack-length ({cfg.learner.pack_length}) is shorter than an episode may grow "
             f"(--env.max-total-tokens {env.max_total_tokens}): raise the pack length or lower the limit"
+        )
+
+
+ISOLATING_LEVELS = ("namespaces", "userns")
+"""Code sandbox levels (`rlvr.rewards.sandbox.isolation_level`) with network and filesystem isolation."""
+
+
+def uses_python_tool(settings: EnvSettings, name: str) -> bool:
+    """Whether environment `name` (made as an episode would make it) has the `python` tool."""
+    return "python" in (getattr(settings.make(name), "tool_names", None) or ())
+
+
+def _check_python_isolation(cfg: Any, names: list[str]) -> None:
+    if cfg.env.allow_unisolated_python:
+        return
+    settings = EnvSettings.from_config(cfg.env)
+    with_python = [n for n in names if uses_python_tool(settings, n)]
+    if not with_python:
+        return
+    from rlvr.rewards import sandbox
+
+    level = sandbox.isolation_level()
+    if level not in ISOLATING_LEVELS:
+        raise ValueError(
+            f"environment(s) {', '.join(with_python)} run the `python` tool, but the code sandbox here has only "
+            f"isolation level {level!r} (no network or filesystem isolation: the model's code could read your files "
+            "and reach the network); run where `unshare` works (namespaces/userns), drop the python tool "
+            "(--env.tools), or accept the risk with --env.allow-unisolated-python"
         )
 
 

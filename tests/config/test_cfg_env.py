@@ -116,3 +116,27 @@ def test_an_overlong_buffer_beyond_the_episode_lmax_is_refused() -> None:
     validate(cfg)  # a single-turn run: its Lmax is --generation.max-new-tokens
     with pytest.raises(ValueError, match=r"--algorithm\.overlong-buffer \(512\).*episode's Lmax \(400"):
         check_env(cfg, None, {"tool_lookup"})
+
+
+def test_the_python_tool_needs_an_isolating_sandbox_or_the_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlvr.rewards import sandbox
+
+    cfg = from_dict({"env": {"name": "math_python"}, "learner": {"pack_length": 4096}}, default_config())
+    monkeypatch.setattr(sandbox, "isolation_level", lambda: "rlimits")
+    with pytest.raises(
+        ValueError, match=r"math_python run the `python` tool.*'rlimits'.*--env\.allow-unisolated-python"
+    ):
+        check_env(cfg, None, set())
+    with pytest.raises(ValueError, match=r"tool_lookup run the `python` tool"):  # a routed row's env, tools from config
+        check_env(
+            from_dict({"env": {"tools": ["python"]}, "learner": {"pack_length": 4096}}, default_config()),
+            None,
+            {"tool_lookup"},
+        )
+    no_python = from_dict({"env": {"tools": ["calculator"]}, "learner": {"pack_length": 4096}}, default_config())
+    check_env(no_python, None, {"tool_lookup"})  # no python tool: no sandbox needed
+    cfg.env.allow_unisolated_python = True
+    check_env(cfg, None, set())  # opted in
+    cfg.env.allow_unisolated_python = False
+    monkeypatch.setattr(sandbox, "isolation_level", lambda: "userns")
+    check_env(cfg, None, set())  # isolated
