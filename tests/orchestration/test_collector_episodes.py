@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hung_tools import wait_for
 
 from rlvr.algorithms.shaping import ShapingConfig
 from rlvr.envs.episode import EpisodeLimits
@@ -276,7 +277,7 @@ def test_an_aborted_turn_restarts_its_episode_from_scratch(tokenizer, pool) -> N
     assert s.metadata["attempt"] == 1 and s.metadata["end_reason"] == "done" and len(s.metadata["turns"]) == 2
     restarted = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~g0.ep1.1.")]
     assert restarted == ["p0~g0.ep1.1.0", "p0~g0.ep1.1.1"]  # the new attempt starts at turn 0
-    assert runner.counts["restarts"] == 1
+    assert runner.counts["restarts"] == 1 and runner.metrics()["env/restarts"] == 1
 
 
 def test_an_engine_failure_requeues_and_restarts_the_episodes_exactly_once(tokenizer, pool) -> None:
@@ -321,7 +322,7 @@ def test_a_job_the_pool_never_answers_times_out_at_the_runner(tokenizer, pool) -
     c.feeder.poll()  # the answers' checks go to the silent runner too
     now[0] = 2e6
     groups = c.feeder.poll()
-    assert len(groups) == 2 and runner.counts["lost_jobs"] == 4 * G
+    assert len(groups) == 2 and runner.counts["lost_jobs"] == 4 * G and runner.metrics()["env/lost_jobs"] == 4 * G
     for s in (s for g in groups for s in g.samples):
         assert s.metadata["episode_metrics"]["tool_error/timeout"] == 1.0
         assert s.metadata["episode_metrics"]["verify_error/timeout"] == 1.0
@@ -344,3 +345,192 @@ def test_groups_waiting_for_tools_are_no_engine_load(tokenizer, pool) -> None:
     assert c.feeder.outstanding_per_engine() == [2]  # first turns on the engine
     c.feeder.poll()
     assert len(tools.jobs) == 2 * G and c.feeder.outstanding_per_engine() == [0]
+
+
+class HeldTools:
+    """The real pool's answers, held back until `open` (each answer is collected as it comes); the optional
+    protocol methods are not offered, so nothing is cancelled and every job goes out at once."""
+
+    def __init__(self, inner: PoolToolRunner) -> None:
+        self.inner, self.open, self.held, self.sent = inner, False, [], []
+
+    def submit(self, job_id: str, job: Job) -> None:
+        self.sent.append(job_id)
+        self.inner.submit(job_id, job)
+
+    def poll(self) -> list:
+        self.held += self.inner.poll()
+        if not self.open:
+            return []
+        out, self.held = self.held, []
+        return out
+
+
+def test_a_restarted_group_never_takes_the_old_groups_late_answers(tokenizer, pool) -> None:
+    """Issue 19 (1): p0 looks up the wrong item (T4) and its engine fails while the lookups are in the pool; the
+    prompt starts over and looks up the right one (Z3). The old lookups' answers, arriving late, must not be
+    taken by the new episodes (same prompt, same episode, attempt and turn)."""
+    tools = HeldTools(PoolToolRunner(pool))
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=1, runner_tools=tools)
+    assert "item Z3" in c.feeder.stream.rows[0]["prompt"] and "item T4" in c.feeder.stream.rows[0]["table"]
+    right = engine._text
+    engine._text = lambda req: CALL.format(key="item T4")  # the first incarnation asks about another item
+    c.feeder.top_up(1, limit=1)
+    c.feeder.poll()  # first turns back: the T4 lookups go to the pool
+    assert len(tools.sent) == G and len(runner.jobs) == G
+    engine.fail_next_poll = True
+    with pytest.raises(EngineFailure):
+        c.feeder.poll()
+    c.feeder.requeue_from(0)  # as the driver does: p0 is dropped and re-queued
+    assert not runner.jobs and not runner.groups  # the dropped group's jobs are forgotten with it
+    engine._text = right
+    engine.queue = []  # the replacement engine starts empty
+    c.feeder.top_up(1, limit=1)
+    c.feeder.poll()  # the new first turns: Z3 lookups
+    assert len(tools.sent) == 2 * G and len(set(tools.sent)) == 2 * G  # fresh ids for the new incarnation
+    while len(tools.held) < 2 * G:  # every lookup answered, the old ones first
+        tools.poll()
+    tools.open = True
+    [group] = c.feeder.wait_groups(1, deadline=float("inf"))
+    code = c.feeder.stream.rows[0]["table"]["item Z3"]
+    for s in group.samples:
+        assert code in s.metadata["transcript"][1]["text"]  # the Z3 lookup's answer, not the old T4 one
+    assert [r.correct for r in group.rewards] == [True] * G and not runner.jobs
+
+
+def test_tool_jobs_wait_in_the_runner_and_are_timed_from_their_dispatch(tokenizer, tmp_path) -> None:
+    """Issue 19 (2): at most `max_outstanding` jobs go to the pool, the rest wait in the runner (first in, first
+    out); a job that waits (in the runner, or queued in a pool whose worker is busy) is not declared lost,
+    however long it waits: its deadline starts when a worker takes it."""
+    gate = tmp_path / "release"
+    now = [0.0]
+    with VerifierPool(RewardsSettings(num_workers=1, timeout_s=5.0), hard_grace_s=1.0) as one:
+        tools = PoolToolRunner(one, max_outstanding=2)
+        c, engine, ledger, runner = _setup(tokenizer, one, limit=1, runner_tools=tools, clock=lambda: now[0])
+        one.run_tool("blocker", wait_for, (str(gate),), 120.0)  # the only worker is busy until the gate opens
+        c.feeder.top_up(1, limit=1)
+        c.feeder.poll()  # first turns back: G lookups
+        assert len(tools.outstanding) == 2 and len(runner.queued) == G - 2  # the rest wait in the runner
+        assert list(runner.queued) == [j for j in runner.jobs if j not in tools.outstanding]
+        now[0] = 1e6  # far past any deadline counted from the submission
+        for _ in range(3):
+            assert not c.feeder.poll()
+        assert runner.counts["lost_jobs"] == 0 and len(runner.jobs) == G
+        gate.touch()
+        [group] = c.feeder.wait_groups(1, deadline=float("inf"))
+        assert runner.counts["lost_jobs"] == 0 and [r.correct for r in group.rewards] == [True] * G
+        assert all(s.metadata["episode_metrics"].get("tool_errors", 0) == 0 for s in group.samples)
+
+
+def test_the_pool_cancels_queued_jobs_and_scores_rows_first(tmp_path) -> None:
+    """`cancel_jobs` forgets queued jobs (no answer); rows queued after a job are scored before it runs."""
+    gate = tmp_path / "release"
+    with VerifierPool(RewardsSettings(num_workers=1, timeout_s=5.0), hard_grace_s=1.0) as one:
+        one.run_tool("blocker", wait_for, (str(gate),), 120.0)
+        one.run_tool("late", wait_for, (str(tmp_path / "never"), 0.0), 10.0)
+        one.run_tool("gone", wait_for, (str(gate),), 10.0)
+        assert one.cancel_jobs(["gone", "unknown"]) == 1
+        one.submit("rows", [("\\boxed{4}", {"ground_truth": "4", "verifier": "math"}, None)])
+        gate.touch()
+        answers: dict = {}
+        started: list = []
+        batches: list = []
+        while len(answers) < 2 or not batches:
+            done, taken = one.poll_tools(started=True)
+            answers.update(done)
+            started += taken
+            batches += one.poll()
+        assert answers == {"blocker": "released", "late": "released"} and started == ["blocker", "late"]
+        assert batches[0][0] == "rows" and batches[0][1][0].total == 1.0
+        assert one.metrics()["reward/pool/jobs_queued"] == 0
+
+
+def test_a_prompt_too_long_for_a_turn_is_its_own_end_reason_and_never_stale(tokenizer, pool) -> None:
+    """Issue 19 (4): episodes whose first observation leaves no room for a turn carry the version they were
+    admitted under (not -1, always stale: dropped and replaced forever)."""
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=4, limits=EpisodeLimits(4, 64, 100))
+    for step in range(2):
+        groups, m = c.collect(step)
+        assert len(groups) == 2 and not m.get("rollout/dropped_stale")
+        assert m["env/end_reason/prompt_too_long"] == 2 * G
+        # stamped with the learner's version when pulled (this step's or, pulled ahead, the previous one's)
+        assert {(s.version_start, s.version_end) for g in groups for s in g.samples} <= {(step - 1,) * 2, (step,) * 2}
+        _train(c, ledger, groups, engine)
+    assert not engine.requests and ledger.counts()["trained"] == 4 and not ledger.counts()["dropped_stale"]
+    runner.note_version(7)
+    runner.start(PromptRequest("x", [1], 1, SamplingParams(), metadata=c.feeder.stream.rows[0]), "tool_lookup", 0)
+    [g] = runner.take_finished()
+    assert g.samples[0].version_start == 7 and g.samples[0].metadata["end_reason"] == "prompt_too_long"
+
+
+class _BrokenReset:
+    def reset(self, row: dict) -> Any:
+        raise KeyError("table")
+
+    def step(self, turn_text: str, turn_token_ids: list[int]) -> Any:
+        raise AssertionError("never stepped")
+
+
+class _NoJobs:
+    """A staged environment whose step hands out no jobs: the step must end at once."""
+
+    def reset(self, row: dict) -> Any:
+        from rlvr.envs.base import Observation
+
+        return Observation(text=row["prompt"])
+
+    def step(self, turn_text: str, turn_token_ids: list[int]) -> Any:
+        raise AssertionError("staged: begin_step/end_step")
+
+    def begin_step(self, turn_text: str, turn_token_ids: list[int]) -> Any:
+        from rlvr.envs.jobs import PendingStep
+
+        return PendingStep(jobs=[])
+
+    def end_step(self, pending: Any, outputs: list) -> Any:
+        from rlvr.envs.base import StepResult
+
+        assert outputs == []
+        return StepResult(None, {"math": 1.0}, done=True)
+
+
+def test_an_environment_that_fails_to_start_is_an_env_error_episode(tokenizer, pool, monkeypatch) -> None:
+    """Issue 19 (5): env.reset raising (also on the abort-restart path) ends that episode, not the run."""
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2)
+    make = runner.settings.make
+    calls = [0]
+
+    def sometimes_broken(name: str) -> Any:
+        calls[0] += 1
+        return _BrokenReset() if calls[0] in (1, G + 1) else make(name)  # episode 0 of each group
+
+    monkeypatch.setattr(runner.settings, "make", sometimes_broken)
+    groups, m = c.collect(0)
+    assert m["env/end_reason/env_error"] == 2 and m["env/end_reason/done"] == 2 * G - 2
+    for g in groups:
+        s = g.samples[0]
+        assert s.metadata["end_reason"] == "env_error" and "KeyError" in s.metadata["error"]
+        assert not s.completion_token_ids and g.rewards[0].total == 0.0 and s.version_start == 0
+    # the abort-restart path: episode 1 of a fresh run's first group is aborted and its new environment breaks
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=1)
+    engine.abort_once = {"p0~g0.ep1.0.0"}
+    make, calls[0] = runner.settings.make, 0
+    monkeypatch.setattr(runner.settings, "make", lambda name: make(name) if _count(calls) <= G else _BrokenReset())
+    [group], m = c.collect(0)
+    s = group.samples[1]
+    assert s.metadata["end_reason"] == "env_error" and s.metadata["attempt"] == 1
+    assert m["env/restarts"] == 1 and m["env/end_reason/env_error"] == 1 and m["env/lost_jobs"] == 0
+
+
+def _count(calls: list[int]) -> int:
+    calls[0] += 1
+    return calls[0]
+
+
+def test_a_staged_step_without_jobs_ends_at_once(tokenizer, pool, monkeypatch) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2)
+    monkeypatch.setattr(runner.settings, "make", lambda name: _NoJobs())
+    c.feeder.top_up(2, limit=2)
+    groups = c.feeder.poll()  # first turns back: their steps hand out no jobs and end the episodes
+    assert len(groups) == 2 and all(r.total == 1.0 for g in groups for r in g.rewards)
+    assert not runner.jobs and not runner.groups
