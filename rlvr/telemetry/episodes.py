@@ -6,7 +6,11 @@ Keys (only when the step has episodes), all under `env/`:
   `tool_latency_s`, `observation_tokens`, `generated_tokens`, `observation_token_share`, `answered`, ... and one
   `tool_error/<reason>_mean` per failure reason seen (a counter absent from an episode counts 0 there);
 - `tool_latency_s_per_call`: total tool latency / total tool calls;
-- `end_reason/<reason>`: how many episodes ended for that reason ("done", "max_turns", "turn_length", ...).
+- `end_reason/<reason>`: how many episodes ended for that reason ("done", "max_turns", "turn_length",
+  "prompt_too_long", "env_error", ...).
+
+`EpisodeRunner.metrics` adds `env/restarts` and `env/lost_jobs` (since the start of the run; the collector logs
+them with each step once episodes have run).
 
 `episode_record` adds an episode's turns to its samples.jsonl row.
 """
