@@ -152,7 +152,7 @@ def run_max_completion_length(cfg: ExperimentConfig) -> int:
     """Dr. GRPO's Lmax for a run (module docstring): one constant for every sample, long enough for an episode's
     policy tokens over all its turns where the config runs episodes (`env.name`, a built-in episode task)."""
     from rlvr.algorithms.shaping import episode_length_cap
-    from rlvr.rollout.vllm_support import runs_episodes  # light: no vLLM import
+    from rlvr.config.validation import runs_episodes
 
     if runs_episodes(cfg):
         return max(cfg.generation.max_new_tokens, episode_length_cap(cfg.env))

@@ -57,6 +57,17 @@ def _validate_lora(cfg: ExperimentConfig) -> None:
     )
 
 
+EPISODE_TASKS = ("builtin:tool-lookup",)
+"""Built-in tasks whose rows name an environment (`env` column)."""
+
+
+def runs_episodes(cfg: ExperimentConfig) -> bool:
+    """Whether the config alone says episodes run: `env.name`, or a built-in task of `EPISODE_TASKS` in the
+    training or eval data (rows of the user's own files may name one too: `rollout.vllm_max_model_len`)."""
+    names = [*cfg.data.datasets, *cfg.eval.datasets]
+    return bool(cfg.env.name) or any(str(n) in EPISODE_TASKS for n in names)
+
+
 def _validate_env(cfg: ExperimentConfig) -> None:
     """The `env` section's limits (the environment name and the model's context are checked at start-up, where
     the registry and the model are at hand: `rlvr.envs.settings.check_env`)."""
@@ -78,8 +89,6 @@ def _validate_env(cfg: ExperimentConfig) -> None:
         all(isinstance(t, str) and t.strip() for t in e.tools),
         f"--env.tools holds an empty name: {e.tools!r}",
     )
-    from rlvr.rollout.vllm_support import runs_episodes  # light (no vLLM import); it imports rlvr.config
-
     max_len = cfg.rollout.vllm_max_model_len
     _require(
         not (cfg.rollout.backend == "vllm" and 0 < max_len < e.max_total_tokens and runs_episodes(cfg)),

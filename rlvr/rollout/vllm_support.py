@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlvr.config import ExperimentConfig
+from rlvr.config.validation import EPISODE_TASKS, runs_episodes  # noqa: F401  (the config layer owns them)
 
 
 def import_vllm() -> Any:
@@ -68,14 +69,3 @@ def default_max_model_len(model_path: str, cfg: ExperimentConfig) -> int | None:
     except (OSError, ValueError):
         return None
     return min(wanted, limit) if limit else wanted
-
-
-EPISODE_TASKS = ("builtin:tool-lookup",)
-"""Built-in tasks whose rows name an environment (`env` column)."""
-
-
-def runs_episodes(cfg: ExperimentConfig) -> bool:
-    """Whether the config alone says episodes run: `env.name`, or a built-in task of `EPISODE_TASKS` in the
-    training or eval data (rows of the user's own files may name one too: `rollout.vllm_max_model_len`)."""
-    names = [*cfg.data.datasets, *cfg.eval.datasets]
-    return bool(cfg.env.name) or any(str(n) in EPISODE_TASKS for n in names)

@@ -12,6 +12,7 @@ import yaml
 from rlvr.cli import main as rlvr_main
 from rlvr.config import default_config
 from rlvr.envs.base import Observation, StepResult
+from rlvr.envs.registration import register_env
 from rlvr.envs.tasks import lookup_rows
 from rlvr.models.tiny import build_tiny_model_dir
 
@@ -32,10 +33,13 @@ class TwoTurnEnv:
         return StepResult(Observation(text="4821"))
 
 
+register_env("two_turn_eval_test")(TwoTurnEnv)  # the data's env column names registered environments only
+
+
 def test_rlvr_eval_runs_episodes_for_env_rows(tmp_path: Path) -> None:
     rows = lookup_rows("test", 3)
     for r in rows[:2]:
-        r["env"] = f"{__name__}:TwoTurnEnv"
+        r["env"] = "two_turn_eval_test"
     del rows[2]["env"]  # stays single-turn: scored by its verifier (math), wrong for a random model
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
