@@ -342,7 +342,8 @@ class EnvConfig:
     name: str = ""
     """Environment for rows without an `env` column: a registered name (`tool`, `tool_lookup`, `math_python`) or
     an import path `pkg.module:Class`. Empty: only rows with an `env` column run episodes; the rest stay
-    single-turn."""
+    single-turn. A row's `env` column may name a registered environment or this name, never an import path of
+    its own (the data does not choose code to import)."""
     params: dict[str, float | int | str | bool] = field(default_factory=dict)
     """Keyword arguments of the environment's factory (e.g. `verifier`, `instructions`)."""
     tools: list[str] = field(default_factory=list)
