@@ -20,7 +20,10 @@ import ray
 from rlvr.config import ExperimentConfig
 from rlvr.launch.local_cluster import free_port
 from rlvr.orchestration.health import ActorFailure, EngineFailure, LearnerFailure, describe
+from rlvr.telemetry.logs import get_logger
 from rlvr.types import PromptRequest, RewardResult, Sample
+
+logger = get_logger(__name__)
 
 
 def actor_get(
@@ -51,6 +54,18 @@ def engine_get(ref: Any, engine_index: int, timeout_s: float, what: str = "a cal
     if not isinstance(ref, ray.ObjectRef):
         return ref
     return actor_get(ref, EngineFailure, what, timeout_s, engine_index)
+
+
+def replace_verifiers(actors: Any, error: BaseException) -> None:
+    """A verifier actor failed (died, or did not answer in time): kill them all and start new ones
+    (`actors.factory.verifiers()`). Scoring (`VerifierScorer`) and episode jobs (`ActorToolRunner`) share it."""
+    logger.error("verifier actor failed (%s): replacing the verifier actors", describe(error))
+    for v in actors.verifiers:
+        try:
+            ray.kill(v)
+        except Exception as e:  # already gone: nothing to kill
+            logger.debug("ray.kill of a verifier actor: %s", e)
+    actors.verifiers = actors.factory.verifiers()
 
 
 def _failed(ref: Any) -> bool:

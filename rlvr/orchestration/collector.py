@@ -35,6 +35,7 @@ import ray
 from rlvr.algorithms.filtering import filter_groups
 from rlvr.algorithms.shaping import ShapingConfig, shape_group
 from rlvr.orchestration.accounting import PromptLedger
+from rlvr.orchestration.actors import replace_verifiers
 from rlvr.orchestration.episodes import is_episode, sample_episode_reward
 from rlvr.orchestration.health import EngineFailure, describe
 from rlvr.orchestration.rollouts import RolloutFeeder, is_stale
@@ -199,18 +200,6 @@ class RolloutCollector:
 
 def _reraise(failure: EngineFailure) -> None:
     raise failure
-
-
-def replace_verifiers(actors: Any, error: BaseException) -> None:
-    """A verifier actor failed (died, or did not answer in time): kill them all and start new ones
-    (`actors.factory.verifiers()`). Scoring (`VerifierScorer`) and episode jobs (`ActorToolRunner`) share it."""
-    logger.error("verifier actor failed (%s): replacing the verifier actors", describe(error))
-    for v in actors.verifiers:
-        try:
-            ray.kill(v)
-        except Exception as e:  # already gone: nothing to kill
-            logger.debug("ray.kill of a verifier actor: %s", e)
-    actors.verifiers = actors.factory.verifiers()
 
 
 class VerifierScorer:

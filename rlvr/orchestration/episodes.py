@@ -118,7 +118,7 @@ class PoolToolRunner:
 class ActorToolRunner:
     """Jobs on the verifier actors (`actors.verifiers`, read on every call: a replaced actor is picked up), each
     to the actor with the fewest outstanding, at most `per_actor` each. A verifier actor that dies (its
-    `poll_tools` raises or times out) is replaced (`rlvr.orchestration.collector.replace_verifiers`, as scoring
+    `poll_tools` raises or times out) is replaced (`rlvr.orchestration.actors.replace_verifiers`, as scoring
     does; at most once per `timeout_s`); the jobs outstanding on an actor that is no longer in `actors.verifiers`
     (replaced here or by the scorer) are answered at once with a `JobFailure` ("crash", counted in `lost`)."""
 
@@ -169,7 +169,7 @@ class ActorToolRunner:
         return out
 
     def _on_failure(self, e: Exception) -> None:
-        from rlvr.orchestration.collector import replace_verifiers
+        from rlvr.orchestration.actors import replace_verifiers
 
         now = time.monotonic()
         if now - self._replaced_at >= self.timeout_s:
