@@ -92,6 +92,20 @@ _NAMES = [
 _THINGS = ["stickers", "marbles", "apples", "pencils", "cards", "books", "shells", "cookies", "stamps", "coins"]
 
 
+def _buys_then_gives(name: str, he: str, thing: str, a: int, b: int, c: int) -> str:
+    return (
+        f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to a friend. "
+        f"How many {thing} does {name} have now?"
+    )
+
+
+def _spends_twice(name: str, he: str, a: int, b: int, c: int) -> str:
+    return (
+        f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars on a book. "
+        f"How many dollars does {name} have left?"
+    )
+
+
 def _word_item(rng: random.Random) -> Item:
     r = rng.randint
     name, he, his = rng.choice(_NAMES)
@@ -100,10 +114,7 @@ def _word_item(rng: random.Random) -> Item:
     if t == 0:
         a, b = r(5, 60), r(2, 30)
         c = r(1, a + b)
-        q = (
-            f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to a friend. "
-            f"How many {thing} does {name} have now?"
-        )
+        q = _buys_then_gives(name, he, thing, a, b, c)
         ans, nums = a + b - c, (a, b, c)
     elif t == 1:
         a, b = r(2, 9), r(2, 12)
@@ -132,10 +143,7 @@ def _word_item(rng: random.Random) -> Item:
         a = r(20, 99)
         b = r(1, a // 2)
         c = r(1, a - b)
-        q = (
-            f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars on a book. "
-            f"How many dollars does {name} have left?"
-        )
+        q = _spends_twice(name, he, a, b, c)
         ans, nums = a - b - c, (a, b, c)
     elif t == 5:
         b, per, c = r(2, 6), r(2, 9), r(1, 9)
@@ -169,19 +177,13 @@ def _word_item_l1(rng: random.Random) -> Item:
     if t == 0:
         a, b = r(5, 60), r(2, 40)
         c = r(1, a + b)
-        q = (
-            f"{name} has {a} {thing}. {he} buys {b} more and then gives {c} to a friend. "
-            f"How many {thing} does {name} have now?"
-        )
+        q = _buys_then_gives(name, he, thing, a, b, c)
         ans, nums = a + b - c, (a, b, c)
     elif t == 1:
         a = r(20, 99)
         b = r(1, a // 2)
         c = r(1, a - b)
-        q = (
-            f"{name} has {a} dollars. {he} spends {b} dollars on lunch and {c} dollars on a book. "
-            f"How many dollars does {name} have left?"
-        )
+        q = _spends_twice(name, he, a, b, c)
         ans, nums = a - b - c, (a, b, c)
     elif t == 2:
         a, b, c = r(2, 40), r(2, 40), r(2, 40)
