@@ -7,7 +7,8 @@ re-rendering a multi-turn conversation therefore gives other ids than the ones t
 from __future__ import annotations
 
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -98,3 +99,33 @@ class ScriptedGenerator:
 def scripted(chat_tokenizer: Any) -> Callable[..., ScriptedGenerator]:
     """Factory: `scripted(texts, **options)`."""
     return lambda texts, **kw: ScriptedGenerator(chat_tokenizer, texts, **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(chat_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real transformers engine on a tiny random Qwen2 with the chat tokenizer (one per test module: tests may
+    update its weights)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlvr.rollout.hf_engine import TransformersEngine
+
+    path: Path = tmp_path_factory.mktemp("tiny_chat_qwen2")
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(chat_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        eos_token_id=chat_tokenizer.eos_token_id,
+        pad_token_id=chat_tokenizer.eos_token_id,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    chat_tokenizer.save_pretrained(path)
+    eng = TransformersEngine(str(path), num_threads=1)
+    yield eng
+    eng.shutdown()

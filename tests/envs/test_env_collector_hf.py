@@ -5,13 +5,10 @@ engine's ids and log-probs plus the observation ids."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from rlvr.envs.base import Observation, StepResult
 from rlvr.envs.episode import EpisodeLimits
@@ -93,29 +90,6 @@ class OneRowStream:
         sampling = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, seed=5, stop_token_ids=stops)
         row = {"prompt": "What is 6*7?", "env": f"{__name__}:CalculatorEnv", "verifier": "calc"}
         return PromptRequest("calc:0:0", [1], G, sampling, metadata=row)
-
-
-@pytest.fixture(scope="module")
-def engine(chat_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TransformersEngine]:
-    path: Path = tmp_path_factory.mktemp("tiny_chat_qwen2_collector")
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(chat_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        eos_token_id=chat_tokenizer.eos_token_id,
-        pad_token_id=chat_tokenizer.eos_token_id,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    chat_tokenizer.save_pretrained(path)
-    eng = TransformersEngine(str(path), num_threads=1)
-    yield eng
-    eng.shutdown()
 
 
 def test_episodes_on_the_transformers_engine_through_the_feeder(

@@ -3,13 +3,9 @@ transcript is the engine's ids plus observation ids, and the recorded log-probs 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.envs.base import Observation, StepResult
 from rlvr.envs.engine_turns import EngineTurnGenerator, episode_to_sample
@@ -35,29 +31,6 @@ class TwoTurnEnv:
         if self.steps == 2:
             return StepResult(None, {"r": 1.0}, done=True, reason="done")
         return StepResult(Observation(text=RESPONSE), metrics={"tool_calls": 1.0})
-
-
-@pytest.fixture(scope="module")
-def engine(chat_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TransformersEngine]:
-    path: Path = tmp_path_factory.mktemp("tiny_chat_qwen2")
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(chat_tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        eos_token_id=chat_tokenizer.eos_token_id,
-        pad_token_id=chat_tokenizer.eos_token_id,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    chat_tokenizer.save_pretrained(path)
-    eng = TransformersEngine(str(path), num_threads=1)
-    yield eng
-    eng.shutdown()
 
 
 def test_two_turns_on_the_transformers_engine(
