@@ -9,19 +9,18 @@ for G completions. Each episode is, at any time, in one of three states:
   prompt that starts over never takes an answer meant for an earlier start); its sample (engine ids, log-probs,
   the engine's policy version) is appended exactly (`add_turn`);
 - waiting for jobs: the environment's `begin_step` handed out tool calls or an answer check (`rlvr.envs.jobs`),
-  ids `<turn id>/j<slot>`. They wait here, first in first out, until the `ToolRunner` has a free slot
-  (`free_slots`: a few per verifier worker; the rest of the pool's queue is the scores'), then run in the
-  verifier pool's workers (their timeouts, and a hard kill as backstop). A job with no answer by `timeout_s * 2
-  + JOB_GRACE_S` after a worker took it (after it was handed over, for a runner that does not report dispatch)
-  is answered here with a `JobFailure` ("timeout", counted in `lost_jobs`), so a lost job cannot stall a step;
-  `end_step` turns the outputs into the step's result;
+  ids `<turn id>/j<slot>`, in the runner's `JobQueue` (rlvr/orchestration/episode_jobs.py: a few per verifier
+  worker at a time, the rest queued first in first out, timed from their dispatch; one with no answer in time
+  is answered with a `JobFailure` "timeout", counted in `lost_jobs`, so a lost job cannot stall a step). Once
+  every job of the step has its answer, `end_step` turns the outputs into the step's result;
 - done: an end reason (`rlvr.envs.episode`), or "prompt_too_long" (the first observation leaves no room for a
   turn; stamped with the policy version at admission, `note_version`, so it is never stale by construction), or
   "env_error" (the environment raised, also in `reset`).
 
 Nothing here blocks: `start`, `on_sample` and `poll_jobs` return the next turn requests for the feeder to submit.
 A group whose G episodes are done becomes a `Group` of `episode_to_sample` records with rewards from the
-environment's reward terms (`episode_reward`), handed out by `take_finished`.
+environment's reward terms (`episode_reward`, rlvr/orchestration/episode_rewards.py), handed out by
+`take_finished`.
 
 Restarts: an aborted turn restarts its episode from scratch (a fresh environment and transcript, attempt + 1) up
 to `max_restarts` times, then ends it with reason "abort"; `drop` forgets a group whose engine is replaced (the
@@ -37,160 +36,28 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
-from rlvr.algorithms.policy_tokens import EPISODE_MARKER
 from rlvr.data.prompts import ROW_MESSAGES, ROW_PROMPT
 from rlvr.envs.base import Environment, StepResult
 from rlvr.envs.engine_turns import episode_to_sample
 from rlvr.envs.episode import Episode, GeneratedTurn, add_step, add_turn, start_episode, turn_budget
-from rlvr.envs.jobs import Job, JobFailure, PendingStep, StagedEnvironment
+from rlvr.envs.jobs import PendingStep, StagedEnvironment
 from rlvr.envs.settings import EnvSettings
 from rlvr.envs.turns import ObservationTokenizer
+from rlvr.orchestration.episode_jobs import JOBS_PER_WORKER, ActorToolRunner, JobEntry, JobQueue, ToolRunner
+
+# `X as X`: re-exported, where `rlvr eval` (the tool runner) and the collector (the records' rewards) import them
+from rlvr.orchestration.episode_jobs import PoolToolRunner as PoolToolRunner
+from rlvr.orchestration.episode_rewards import episode_reward, primary_verifier
+from rlvr.orchestration.episode_rewards import is_episode as is_episode
+from rlvr.orchestration.episode_rewards import sample_episode_reward as sample_episode_reward
 from rlvr.telemetry.logs import get_logger
-from rlvr.types import Group, PromptRequest, RewardResult, Sample
+from rlvr.types import Group, PromptRequest, Sample
 
 logger = get_logger(__name__)
 
-JOB_GRACE_S = 30.0
-"""Seconds past twice a job's own limit after which the collector stops waiting for the pool's answer."""
 SEED_STRIDE_EPISODE, SEED_STRIDE_TURN = 7919, 104729
-
-
-JOBS_PER_WORKER = 2
-"""Tool jobs a runner keeps outstanding per verifier worker (the rest wait in the `EpisodeRunner`)."""
-WARN_EVERY_S = 60.0
-"""At most one warning per this many seconds about a verifier actor that keeps failing."""
-
-
-class ToolRunner(Protocol):
-    """Where jobs run: `submit` never blocks; `poll` returns (job_id, output or `JobFailure`) pairs.
-
-    Optional (a runner without them takes every job at once and its jobs are timed from their submission):
-    `free_slots()` (how many more jobs it takes now), `take_started()` (ids of the jobs a worker took since
-    the last call), `cancel(job_ids)` (forget jobs: never answered, or answered and ignored) and `lost` (jobs
-    it failed itself, e.g. on a dead actor)."""
-
-    def submit(self, job_id: str, job: Job) -> None: ...
-
-    def poll(self) -> list[tuple[str, Any]]: ...
-
-
-def _as_failure(output: Any) -> Any:
-    """The pool's own `JobFailure` (rlvr.rewards.pool, which cannot import envs) as the environments' one."""
-    if type(output).__name__ == "JobFailure" and not isinstance(output, JobFailure):
-        return JobFailure(output.reason, output.message, output.latency_s)
-    return output
-
-
-class PoolToolRunner:
-    """Jobs in an in-process `VerifierPool` (tests, `rlvr eval`), at most `max_outstanding` at a time
-    (default `JOBS_PER_WORKER` per worker)."""
-
-    def __init__(self, pool: Any, max_outstanding: int | None = None) -> None:
-        self.pool = pool
-        self.max_outstanding = max_outstanding or JOBS_PER_WORKER * pool.settings.num_workers
-        self.outstanding: set[str] = set()
-        self._started: list[str] = []
-
-    def free_slots(self) -> int:
-        return self.max_outstanding - len(self.outstanding)
-
-    def submit(self, job_id: str, job: Job) -> None:
-        self.outstanding.add(job_id)
-        self.pool.run_tool(job_id, job.fn, job.args, job.timeout_s)
-
-    def poll(self) -> list[tuple[str, Any]]:
-        done, started = self.pool.poll_tools(started=True)
-        self._started += started
-        self.outstanding.difference_update(job_id for job_id, _ in done)
-        return [(job_id, _as_failure(out)) for job_id, out in done]
-
-    def take_started(self) -> list[str]:
-        started, self._started = self._started, []
-        return started
-
-    def cancel(self, job_ids: list[str]) -> None:
-        self.outstanding.difference_update(job_ids)
-        self.pool.cancel_jobs(job_ids)
-
-
-class ActorToolRunner:
-    """Jobs on the verifier actors (`actors.verifiers`, read on every call: a replaced actor is picked up), each
-    to the actor with the fewest outstanding, at most `per_actor` each. A verifier actor that dies (its
-    `poll_tools` raises or times out) is replaced (`rlvr.orchestration.actors.replace_verifiers`, as scoring
-    does; at most once per `timeout_s`); the jobs outstanding on an actor that is no longer in `actors.verifiers`
-    (replaced here or by the scorer) are answered at once with a `JobFailure` ("crash", counted in `lost`)."""
-
-    def __init__(self, actors: Any, timeout_s: float, per_actor: int = 8) -> None:
-        self.actors, self.timeout_s, self.per_actor = actors, timeout_s, per_actor
-        self.lost = 0
-        self._where: dict[str, Any] = {}  # job id -> the actor it went to
-        self._started: list[str] = []
-        self._replaced_at = -float("inf")
-        self._warned_at = -float("inf")
-
-    def _load(self, actor: Any) -> int:
-        return sum(a is actor for a in self._where.values())
-
-    def free_slots(self) -> int:
-        return sum(max(0, self.per_actor - self._load(v)) for v in self.actors.verifiers)
-
-    def submit(self, job_id: str, job: Job) -> None:
-        actor = min(self.actors.verifiers, key=self._load)
-        self._where[job_id] = actor
-        actor.run_tool.remote(job_id, job.fn, job.args, job.timeout_s)
-
-    def poll(self) -> list[tuple[str, Any]]:
-        import ray
-
-        verifiers = list(self.actors.verifiers)
-        refs = [v.poll_tools.remote(True) for v in verifiers]
-        out: list[tuple[str, Any]] = []
-        failure: Exception | None = None
-        for ref in refs:
-            try:
-                done, started = ray.get(ref, timeout=self.timeout_s)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-                failure = failure or e
-                continue
-            self._started += started
-            for job_id, o in done:
-                self._where.pop(job_id, None)
-                out.append((job_id, _as_failure(o)))
-        if failure is not None:
-            self._on_failure(failure)
-        current = self.actors.verifiers
-        for job_id, actor in list(self._where.items()):
-            if not any(actor is v for v in current):  # its actor was replaced: no answer will come
-                del self._where[job_id]
-                self.lost += 1
-                out.append((job_id, JobFailure("crash", "its verifier actor died and was replaced")))
-        return out
-
-    def _on_failure(self, e: Exception) -> None:
-        from rlvr.orchestration.actors import replace_verifiers
-
-        now = time.monotonic()
-        if now - self._replaced_at >= self.timeout_s:
-            self._replaced_at = now
-            replace_verifiers(self.actors, e)
-        elif now - self._warned_at >= WARN_EVERY_S:
-            self._warned_at = now
-            logger.warning("verifier actor still does not answer poll_tools (%s); its jobs will time out", e)
-
-    def take_started(self) -> list[str]:
-        started, self._started = self._started, []
-        return started
-
-    def cancel(self, job_ids: list[str]) -> None:
-        by_actor: dict[int, tuple[Any, list[str]]] = {}
-        for job_id in job_ids:
-            actor = self._where.pop(job_id, None)
-            if actor is not None:
-                by_actor.setdefault(id(actor), (actor, []))[1].append(job_id)
-        for actor, ids in by_actor.values():
-            actor.cancel_jobs.remote(ids)  # fire and forget: a dead actor's jobs are gone anyway
 
 
 @dataclass
@@ -218,17 +85,6 @@ class _Group:
     episodes: list[_Episode] = field(default_factory=list)
 
 
-@dataclass
-class _JobEntry:
-    pid: str
-    k: int
-    turn_id: str
-    slot: int
-    job: Job
-    sent: bool = False  # handed to the tool runner (else waiting in the runner's queue)
-    deadline: float | None = None  # set when the job is dispatched (or handed over, see the module docstring)
-
-
 _MISSING = object()
 TURN_ID = re.compile(r"~g\d+\.ep\d+\.\d+\.\d+$")
 """A turn request id: `<prompt_id>~g<incarnation>.ep<k>.<attempt>.<turn>`."""
@@ -236,34 +92,6 @@ TURN_ID = re.compile(r"~g\d+\.ep\d+\.\d+\.\d+$")
 
 def _turn_id(group: _Group, e: _Episode) -> str:
     return f"{group.request.prompt_id}~g{group.incarnation}.ep{e.index}.{e.attempt}.{e.turn}"
-
-
-def episode_reward(terms: dict[str, float], primary: str | None) -> RewardResult:
-    """An episode's reward: scores = the environment's reward terms, total = their sum (each term weighs 1;
-    0.0 when the episode earned none, e.g. it never answered), correct = the primary (verifier) term at its
-    maximum 1.0."""
-    key = primary if primary in terms else next(iter(terms), None)
-    return RewardResult(
-        scores=dict(terms),
-        total=float(sum(terms.values())),
-        correct=bool(key is not None and terms[key] >= 1.0),
-    )
-
-
-def is_episode(sample: Sample) -> bool:
-    """Whether a sample is an episode's record: the private marker only `episode_to_sample` sets (data columns
-    named like an episode's keys, e.g. a reused samples.jsonl, are rejected at load and never decide this)."""
-    return sample.metadata.get(EPISODE_MARKER) is True
-
-
-def sample_episode_reward(sample: Sample) -> RewardResult:
-    """`episode_reward` of an episode's record (its terms and its row's verifier are in the metadata)."""
-    return episode_reward(dict(sample.metadata["reward_terms"]), _primary(sample.metadata))
-
-
-def _primary(metadata: dict[str, Any]) -> str | None:
-    v = metadata.get("verifier")
-    return v[0] if isinstance(v, list) and v else v if isinstance(v, str) else None
 
 
 class EpisodeRunner:
@@ -281,8 +109,7 @@ class EpisodeRunner:
         self.max_restarts, self.clock = max_restarts, clock
         self.groups: dict[str, _Group] = {}
         self.turns: dict[str, tuple[str, int]] = {}  # turn request id -> (prompt id, episode index)
-        self.jobs: dict[str, _JobEntry] = {}  # job id -> its episode, turn, slot, deadline
-        self.queued: deque[str] = deque()  # job ids waiting for a free slot of the tool runner, oldest first
+        self.job_queue = JobQueue(tools, clock)  # the episodes' tool jobs on their way through `tools`
         self.finished: list[Group] = []
         self.counts = {"restarts": 0, "lost_jobs": 0, "groups": 0}
         self.version = -1  # the newest policy version known (`note_version`, the engines' samples)
@@ -352,22 +179,11 @@ class EpisodeRunner:
         """Job answers (and jobs past their deadline); returns the turn requests to submit next."""
         if not self.jobs:
             return []  # nothing to ask the pool (single-turn runs never do)
-        answers = self.tools.poll()
-        now = self.clock()
-        take_started = getattr(self.tools, "take_started", None)
-        for job_id in take_started() if take_started is not None else []:
-            entry = self.jobs.get(job_id)
-            if entry is not None and entry.deadline is None:
-                entry.deadline = now + 2 * entry.job.timeout_s + JOB_GRACE_S
-        lost = [j for j, entry in self.jobs.items() if entry.deadline is not None and now > entry.deadline]
-        if lost:
-            self.counts["lost_jobs"] += len(lost)
-            self._cancel_at_tools(lost)
-            answers += [(j, JobFailure("timeout", "no answer from the verifier pool in time")) for j in lost]
+        answers, num_lost = self.job_queue.poll()
+        self.counts["lost_jobs"] += num_lost
         out: list[PromptRequest] = []
         touched: set[str] = set()
-        for job_id, output in answers:
-            entry = self.jobs.pop(job_id, None)
+        for entry, output in answers:
             group = self.groups.get(entry.pid) if entry is not None else None
             if entry is None or group is None:
                 continue  # unknown: a job of a group or attempt that is gone
@@ -384,7 +200,7 @@ class EpisodeRunner:
         for pid in touched:
             if pid in self.groups:
                 self._maybe_finish(self.groups[pid])
-        self._send_jobs()
+        self.job_queue.send()
         return out
 
     def engine_of(self, request: PromptRequest) -> int:
@@ -397,14 +213,7 @@ class EpisodeRunner:
         self.groups.pop(prompt_id, None)
         for turn_id in [t for t, (pid, _) in self.turns.items() if pid == prompt_id]:
             del self.turns[turn_id]
-        gone = {j: entry for j, entry in self.jobs.items() if entry.pid == prompt_id}
-        if not gone:
-            return
-        for j in gone:
-            del self.jobs[j]
-        self.queued = deque(j for j in self.queued if j not in gone)
-        self._cancel_at_tools([j for j, entry in gone.items() if entry.sent])
-        self._send_jobs()  # the slots they held
+        self.job_queue.drop(prompt_id)
 
     def drop_eval(self) -> None:
         """Forget every eval group (a new eval starts; an earlier one was dropped with its engine)."""
@@ -419,6 +228,16 @@ class EpisodeRunner:
     @property
     def active(self) -> int:
         return len(self.groups)
+
+    @property
+    def jobs(self) -> dict[str, JobEntry]:
+        """Job id -> its episode, turn, slot and deadline, for every job not answered yet (`JobQueue.jobs`)."""
+        return self.job_queue.jobs
+
+    @property
+    def queued(self) -> deque[str]:
+        """Ids of the jobs waiting for a free slot of the tool runner, oldest first (`JobQueue.queued`)."""
+        return self.job_queue.queued
 
     def metrics(self) -> dict[str, float]:
         """`env/restarts` (aborted turns that restarted their episode) and `env/lost_jobs` (jobs answered by the
@@ -486,10 +305,8 @@ class EpisodeRunner:
         turn_id = _turn_id(group, e)
         e.pending, e.outputs, e.pending_turn = begun, [_MISSING] * len(begun.jobs), turn_id
         for slot, job in enumerate(begun.jobs):
-            job_id = f"{turn_id}/j{slot}"
-            self.jobs[job_id] = _JobEntry(group.request.prompt_id, e.index, turn_id, slot, job)
-            self.queued.append(job_id)
-        self._send_jobs()
+            self.job_queue.add(f"{turn_id}/j{slot}", JobEntry(group.request.prompt_id, e.index, turn_id, slot, job))
+        self.job_queue.send()
         return []
 
     def _end_step(self, group: _Group, e: _Episode, pending: PendingStep, outputs: list[Any]) -> list[PromptRequest]:
@@ -498,25 +315,6 @@ class EpisodeRunner:
         except Exception as err:  # trust boundary: a user environment's bug ends this episode, not the run
             return self._env_error(group, e, err)
         return self._after_step(group, e, result)
-
-    def _send_jobs(self) -> None:
-        """Hand queued jobs to the tool runner, oldest first, while it has free slots."""
-        free_slots = getattr(self.tools, "free_slots", None)
-        timed_at_dispatch = hasattr(self.tools, "take_started")
-        while self.queued:
-            if free_slots is not None and free_slots() <= 0:
-                return
-            job_id = self.queued.popleft()
-            entry = self.jobs[job_id]
-            entry.sent = True
-            if not timed_at_dispatch:
-                entry.deadline = self.clock() + 2 * entry.job.timeout_s + JOB_GRACE_S
-            self.tools.submit(job_id, entry.job)
-
-    def _cancel_at_tools(self, job_ids: list[str]) -> None:
-        cancel = getattr(self.tools, "cancel", None)
-        if cancel is not None and job_ids:
-            cancel(job_ids)
 
     def _after_step(self, group: _Group, e: _Episode, result: StepResult) -> list[PromptRequest]:
         ended = add_step(e.ep, result, e.turn, self.tokens, self.settings.limits)
@@ -537,7 +335,7 @@ class EpisodeRunner:
             return
         del self.groups[group.request.prompt_id]
         req = group.request
-        primary = _primary(req.metadata)
+        primary = primary_verifier(req.metadata)
         samples, rewards = [], []
         for e in group.episodes:
             s = episode_to_sample(
