@@ -1,7 +1,8 @@
 """`VerifierPool`: runs the `RewardScorer` in worker processes with timeouts, restarts and metrics.
 
 A plain class (the Ray actor wrapping it in training lives in orchestration/). One dispatcher thread in the
-caller's process hands rows to idle workers one at a time over pipes and watches them.
+caller's process hands rows and jobs to idle workers one at a time over pipes and watches them. The workers' own
+loop is rlvr/rewards/pool_worker.py; the jobs' bookkeeping (queue, answers, cancel, counts) rlvr/rewards/pool_jobs.py.
 
 Invariants:
 - Every submitted row gets exactly one `RewardResult`; no verifier failure is ever raised to the caller.
@@ -15,134 +16,35 @@ Invariants:
 - Workers are started with "forkserver" (default) or "spawn", never fork: the caller may hold threads.
 - Config errors (unknown function names, bad params) raise ValueError in the constructor, since the parent
   builds a scorer first.
-- Jobs (`run_tool` / `poll_tools`: multi-turn tool calls and answer checks, docs/multi-turn.md): a module-level
-  function and its arguments run in a worker like a row, under the job's own `timeout_s` (SIGALRM) and hard
-  limit (`timeout_s + hard_grace_s`, then SIGKILL and a new worker). Every job gets exactly one answer: the
-  function's return value, or a `JobFailure` ("timeout" or "crash"), unless it was cancelled while queued
-  (`cancel_jobs`: no answer). `run_tool` never blocks: the caller bounds its jobs (the collector's
-  `EpisodeRunner` keeps at most a few per worker outstanding and queues the rest itself). Scoring rows go before
-  queued jobs (a step waits on its scores). `poll_tools(started=True)` also says which jobs a worker took since
-  the last call, so a caller can time a job from its dispatch rather than from its submission. A worker left
-  with a running thread after a job (an abandoned tool call) retires after answering and is replaced.
+- Jobs (`run_tool` / `poll_tools` / `cancel_jobs`: multi-turn tool calls and answer checks, docs/multi-turn.md):
+  a module-level function and its arguments run in a worker like a row, under the job's own `timeout_s`
+  (SIGALRM) and hard limit (`timeout_s + hard_grace_s`, then SIGKILL and a new worker). Every job gets exactly
+  one answer, the function's return value or a `JobFailure` ("timeout" or "crash"), unless it was cancelled
+  while queued (no answer). `run_tool` never blocks: the caller bounds its jobs (the collector's `EpisodeRunner`
+  keeps a few per worker outstanding and queues the rest itself). Scoring rows go before queued jobs (a step
+  waits on its scores). A worker left with a running thread after a job (an abandoned tool call) retires after
+  answering and is replaced.
 """
 
 from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
+from rlvr.rewards.pool_jobs import JobFailure as JobFailure  # re-exported: the pool's answers are these
+from rlvr.rewards.pool_jobs import ToolJobs
+from rlvr.rewards.pool_worker import start_worker
 from rlvr.rewards.scorer import CallStats, RewardScorer, RewardsSettings
 from rlvr.types import RewardResult
 
 Item = tuple[str, dict, "list[int] | None"]  # (completion_text, metadata, completion_token_ids)
-
-
-class _SoftTimeout(BaseException):
-    """Raised by SIGALRM inside a worker; a BaseException so reward code's `except Exception` cannot eat it."""
-
-
-def _on_alarm(signum: int, frame: Any) -> None:
-    raise _SoftTimeout()
-
-
-def _worker_main(conn: Connection, settings: RewardsSettings, current_fn: Any) -> None:
-    """Worker process loop: build the scorer, then score rows until it receives None."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes the pool
-    signal.signal(signal.SIGALRM, _on_alarm)
-    scorer = RewardScorer(settings)
-
-    def mark(name: str) -> None:
-        current_fn.value = name.encode()[:127]
-
-    scorer.on_call_start = mark
-    baseline_threads = threading.active_count()
-    conn.send(("ready",))
-    while True:
-        task = conn.recv()
-        if task is None:
-            return
-        if task[0] == "job":
-            # a job that left a thread running (an abandoned tool call) retires this worker: the parent replaces it
-            answer = _run_job(task[1], task[2], task[3], task[4])
-            retire = threading.active_count() > baseline_threads
-            conn.send((*answer, retire))
-            if retire:
-                return
-            continue
-        task_id, text, metadata, token_ids = task
-        start = time.perf_counter()
-        stats: list[CallStats] = []
-        try:
-            signal.setitimer(signal.ITIMER_REAL, settings.timeout_s)
-            try:
-                result, stats = scorer.score_detailed(text, metadata, token_ids)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _SoftTimeout:
-            fn = scorer.current_fn or "?"
-            result = RewardResult(
-                scores={k: None for k in scorer.keys(metadata)},
-                total=None,
-                status="timeout",
-                error=f"timed out after {settings.timeout_s}s in {fn}",
-                elapsed_s=time.perf_counter() - start,
-            )
-            stats = [CallStats(fn, time.perf_counter() - start, error=False, timeout=True)]
-        except BaseException as e:  # trust boundary: reward code called sys.exit or similar; report it
-            result = RewardResult(
-                scores={},
-                total=None,
-                status="error",
-                error=f"{type(e).__name__}: {e}",
-                elapsed_s=time.perf_counter() - start,
-            )
-        current_fn.value = b""
-        conn.send(("result", task_id, result, stats))
-
-
-def _run_job(task_id: int, fn: Any, args: tuple, timeout_s: float) -> tuple:
-    """One `run_tool` job in a worker: ("job", task_id, output or JobFailure-like (reason, message), elapsed)."""
-    start = time.perf_counter()
-    try:
-        signal.setitimer(signal.ITIMER_REAL, timeout_s)
-        try:
-            out: Any = ("ok", fn(*args))
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _SoftTimeout:
-        out = ("timeout", f"timed out after {timeout_s:g}s")
-    except BaseException as e:  # trust boundary: a tool's crash is this job's failure, never the worker's
-        out = ("crash", f"{type(e).__name__}: {e}"[:500])
-    return ("job", task_id, out, time.perf_counter() - start)
-
-
-@dataclass
-class JobFailure:
-    """A `run_tool` job without an answer: reason "timeout" (soft limit, or killed at the hard one) or "crash"
-    (it raised, or its worker died). `rlvr.envs.jobs` turns it into an error observation."""
-
-    reason: str
-    message: str
-    latency_s: float = 0.0
-
-
-@dataclass
-class _Worker:
-    process: Any
-    conn: Connection
-    current_fn: Any
-    ready: bool = False
-    task_id: int | None = None
-    deadline: float = 0.0
-    started: float = 0.0
 
 
 @dataclass
@@ -201,16 +103,12 @@ class VerifierPool:
         self._ids = itertools.count()
         self._fn: dict[str, _FnMetrics] = {}
         self._counts = {"timeouts": 0, "crashes": 0, "restarts": 0, "completed": 0}
-        self._jobs: dict[int, tuple[Any, Any, tuple, float]] = {}  # task id -> (job id, fn, args, timeout_s)
-        self._jobs_done: list[tuple[Any, Any]] = []
-        self._pending_jobs: deque[int] = deque()  # queued job task ids: dispatched after every queued row
-        self._jobs_started: list[Any] = []  # job ids a worker took since the last `poll_tools(started=True)`
-        self._job_counts = {"jobs": 0, "job_timeouts": 0, "job_crashes": 0}
+        self._jobs = ToolJobs()  # `run_tool` jobs, guarded by `_lock` like the rows
         self._wake_r, self._wake_w = self._ctx.Pipe(duplex=False)
         self._closed = False
         self._broken: str | None = None
         self._startup_failures = 0
-        self._workers = [self._start_worker() for _ in range(self.settings.num_workers)]
+        self._workers = [start_worker(self._ctx, self.settings) for _ in range(self.settings.num_workers)]
         self._thread = threading.Thread(target=self._loop, name="verifier-pool", daemon=True)
         self._thread.start()
 
@@ -233,9 +131,7 @@ class VerifierPool:
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
         with self._lock:
-            task_id = next(self._ids)
-            self._jobs[task_id] = (job_id, fn, tuple(args), float(timeout_s))
-            self._pending_jobs.append(task_id)
+            self._jobs.add(next(self._ids), job_id, fn, args, timeout_s)
         self._wake()
         if self._broken is not None:
             self._fail_pending()
@@ -244,24 +140,13 @@ class VerifierPool:
         """`run_tool` jobs finished since the last call, as (job_id, output or JobFailure). Non-blocking. With
         `started`: (that list, the ids of the jobs a worker took since the last such call)."""
         with self._lock:
-            done, self._jobs_done = self._jobs_done, []
-            if not started:
-                return done
-            taken, self._jobs_started = self._jobs_started, []
-        return done, taken
+            return self._jobs.take(started)
 
     def cancel_jobs(self, job_ids: Sequence[Any]) -> int:
         """Forget the queued jobs among `job_ids` (they never run and get no answer); a job already running
         answers as usual. Returns how many were cancelled."""
-        wanted = set(job_ids)
         with self._lock:
-            gone = [t for t in self._pending_jobs if self._jobs[t][0] in wanted]
-            for t in gone:
-                del self._jobs[t]
-            if gone:
-                dropped = set(gone)
-                self._pending_jobs = deque(t for t in self._pending_jobs if t not in dropped)
-        return len(gone)
+            return self._jobs.cancel(job_ids)
 
     def score_many(self, items: Sequence[Item], timeout: float | None = None) -> list[RewardResult]:
         """Score `items` and wait for all results (results in item order)."""
@@ -285,13 +170,10 @@ class VerifierPool:
             for key, value in self._counts.items():
                 out[f"reward/pool/{key}"] = float(value)
             out["reward/pool/queued"] = float(len(self._tasks))
-            out["reward/pool/jobs_queued"] = float(len(self._pending_jobs))
-            for key, value in self._job_counts.items():
-                out[f"reward/pool/{key}"] = float(value)
+            out.update(self._jobs.metrics(reset))
             if reset:
                 self._fn.clear()
                 self._counts = dict.fromkeys(self._counts, 0)
-                self._job_counts = dict.fromkeys(self._job_counts, 0)
         return out
 
     def close(self) -> None:
@@ -347,16 +229,6 @@ class VerifierPool:
             except OSError:
                 pass
 
-    def _start_worker(self) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        current_fn = self._ctx.Array("c", 128, lock=False)
-        process = self._ctx.Process(
-            target=_worker_main, args=(child, self.settings, current_fn), name="rlvr-verifier", daemon=True
-        )
-        process.start()
-        child.close()
-        return _Worker(process=process, conn=parent, current_fn=current_fn)
-
     def _finish_batch(self, batch_id: Any, batch: _Batch) -> None:
         batch.done.set()
         if not batch.internal:
@@ -383,15 +255,8 @@ class VerifierPool:
         self._space.release()
 
     def _complete_job(self, task_id: int, out: Any, elapsed: float) -> None:
-        """File a job's answer: ("ok", value) -> value; (reason, message) -> JobFailure."""
         with self._lock:
-            job_id = self._jobs.pop(task_id)[0]
-            self._job_counts["jobs"] += 1
-            if out[0] == "ok":
-                self._jobs_done.append((job_id, out[1]))
-                return
-            self._job_counts["job_timeouts" if out[0] == "timeout" else "job_crashes"] += 1
-            self._jobs_done.append((job_id, JobFailure(out[0], out[1], elapsed)))
+            self._jobs.complete(task_id, out, elapsed)
 
     def _retire(self, i: int) -> None:
         """Worker i retires after its answer (a job left a thread running in it): join it, start a new one."""
@@ -403,7 +268,7 @@ class VerifierPool:
         w.conn.close()
         with self._lock:
             self._counts["restarts"] += 1
-        self._workers[i] = self._start_worker()
+        self._workers[i] = start_worker(self._ctx, self.settings)
 
     def _fail_worker(self, i: int, status: str, message: str) -> None:
         """Kill worker i (if alive), give its row a None result, and start a replacement."""
@@ -415,15 +280,7 @@ class VerifierPool:
         w.conn.close()
         if w.task_id is not None and w.task_id in self._jobs:
             elapsed = time.monotonic() - w.started
-            limit = self._jobs[w.task_id][3]
-            if status == "timeout":
-                failure = (
-                    "timeout",
-                    f"timed out after {limit:g}s (no answer by the hard limit; its worker was killed)",
-                )
-            else:
-                failure = ("crash", message)
-            self._complete_job(w.task_id, failure, elapsed)
+            self._complete_job(w.task_id, self._jobs.hard_failure(w.task_id, status, message), elapsed)
             self._startup_failures = 0
         elif w.task_id is not None:
             _, _, (text, metadata, _) = self._tasks[w.task_id]
@@ -451,13 +308,13 @@ class VerifierPool:
         if self._startup_failures >= 3:
             self._broken = f"verifier workers die while starting ({message})"
             self._fail_pending()
-        self._workers[i] = self._start_worker()
+        self._workers[i] = start_worker(self._ctx, self.settings)
 
     def _fail_pending(self) -> None:
         """Workers cannot start: answer every queued row with an error instead of hanging the caller."""
         with self._lock:
-            pending, self._pending = list(self._pending) + list(self._pending_jobs), deque()
-            self._pending_jobs = deque()
+            pending, self._pending = list(self._pending) + list(self._jobs.pending), deque()
+            self._jobs.pending = deque()
         for task_id in pending:
             if task_id in self._jobs:
                 self._complete_job(task_id, ("crash", str(self._broken)), 0.0)
@@ -469,15 +326,14 @@ class VerifierPool:
             now = time.monotonic()
             with self._lock:
                 for w in self._workers:
-                    if w.ready and w.task_id is None and (self._pending or self._pending_jobs):
+                    if w.ready and w.task_id is None and (self._pending or self._jobs.pending):
                         # rows first: a step waits on its scores; jobs are bounded by their caller
-                        w.task_id = (self._pending or self._pending_jobs).popleft()
+                        w.task_id = (self._pending or self._jobs.pending).popleft()
                         w.started = now
+                        message: tuple
                         if w.task_id in self._jobs:
-                            job_id, fn, args, limit = self._jobs[w.task_id]
-                            self._jobs_started.append(job_id)
+                            message, limit = self._jobs.dispatch(w.task_id)
                             w.deadline = now + limit + self._hard_grace
-                            message: tuple = ("job", w.task_id, fn, args, limit)
                         else:
                             _, _, (text, metadata, token_ids) = self._tasks[w.task_id]
                             w.deadline = now + self._hard_timeout
