@@ -345,7 +345,7 @@ class EpisodeRunner:
             s.prompt_text = self.tokens.decode(e.ep.token_ids[: e.ep.prompt_length])
             s.metadata["attempt"] = e.attempt
             samples.append(s)
-            rewards.append(episode_reward(e.ep.reward_terms, primary))
+            rewards.append(episode_reward(e.ep.reward_terms, primary, e.ep.end_reason))
         self.finished.append(Group(prompt_id=req.prompt_id, samples=samples, rewards=rewards))
 
 

@@ -52,8 +52,10 @@ def test_misbehaving_tools_are_contained_and_counted(pool: VerifierPool) -> None
     before = pool.metrics()
     _call(pool, "spin", "spin")  # holds the GIL: the thread timeout cannot answer, the pool's kill does
     _call(pool, "die", "die")  # os._exit in the worker
-    _call(pool, "flood", "flood")
-    _call(pool, "crash", "crash")
+    # Only `spin` needs the 1 s limit. The others get room: under load a replacement worker may still be starting
+    # (and the job's clock runs from dispatch), which must not turn a flood or a crash into a timeout.
+    _call(pool, "flood", "flood", timeout_s=30.0)
+    _call(pool, "crash", "crash", timeout_s=30.0)
     done = _wait(pool, {"spin", "die", "flood", "crash"})
     assert isinstance(done["spin"], JobFailure) and done["spin"].reason == "timeout"
     assert isinstance(done["die"], JobFailure) and done["die"].reason == "crash"
@@ -62,7 +64,7 @@ def test_misbehaving_tools_are_contained_and_counted(pool: VerifierPool) -> None
     after = pool.metrics()
     assert after["reward/pool/restarts"] >= before["reward/pool/restarts"] + 2
     assert after["reward/pool/job_timeouts"] >= 1 and after["reward/pool/job_crashes"] >= 1
-    _call(pool, "again", "lookup", key="item K3")  # the replaced workers serve the next call
+    _call(pool, "again", "lookup", timeout_s=30.0, key="item K3")  # the replaced workers serve the next call
     assert _wait(pool, {"again"})["again"].content == "4821"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hung_tools import wait_for
 
+from rlvr.algorithms.advantages import assign_group_advantages
 from rlvr.algorithms.shaping import ShapingConfig
 from rlvr.envs.episode import EpisodeLimits
 from rlvr.envs.jobs import Job
@@ -278,6 +279,19 @@ def test_an_aborted_turn_restarts_its_episode_from_scratch(tokenizer, pool) -> N
     restarted = [r.prompt_id for r in engine.requests if r.prompt_id.startswith("p0~g0.ep1.1.")]
     assert restarted == ["p0~g0.ep1.1.0", "p0~g0.ep1.1.1"]  # the new attempt starts at turn 0
     assert runner.counts["restarts"] == 1 and runner.metrics()["env/restarts"] == 1
+
+
+def test_an_episode_aborted_past_its_restarts_is_unscored_not_scored_zero(tokenizer, pool) -> None:
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=2)
+    engine.abort_once = {f"p0~g0.ep1.{attempt}.0" for attempt in range(3)}  # every attempt of episode 1 of p0
+    groups, _ = c.collect(0)
+    g = next(g for g in groups if g.prompt_id == "p0")
+    assert g.samples[1].metadata["end_reason"] == "abort" and runner.counts["restarts"] == 2
+    assert g.rewards[1].total is None and g.rewards[1].status == "error"  # no policy act to reward or punish
+    assert sample_episode_reward(g.samples[1]) == g.rewards[1]  # re-scoring the record agrees
+    assert all(r.total is not None and r.total > 0 for i, r in enumerate(g.rewards) if i != 1)
+    assign_group_advantages([g])
+    assert g.advantages[1] == 0.0
 
 
 def test_an_engine_failure_requeues_and_restarts_the_episodes_exactly_once(tokenizer, pool) -> None:
