@@ -134,12 +134,30 @@ class Trainer:
             self.evals.finish()  # asleep, the engines could not finish an overlapped eval
             self.weights.sleep_engines()
         self.faults.before_train(self.step + 1, self.actors)
-        outs = learner_get(
-            [lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)], "train_batch", self.timeout
-        )
+        refs = [lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)]
+        turns = self._advance_episodes_until(refs)
+        outs = learner_get(refs, "train_batch", self.timeout)
         self.step += 1
         self.collector.advance()
-        return {**reduce_all(outs), "time/train": time.perf_counter() - t0}
+        return {**reduce_all(outs), "time/train": time.perf_counter() - t0, **turns}
+
+    def _advance_episodes_until(self, refs: list[Any]) -> dict[str, float]:
+        """While the learners train: episodes take their next turns (tool answers in, next turns submitted, finished
+        groups scored and held for the next step), so multi-turn rollouts do not wait for the train step. Only with
+        episodes and awake engines; an engine failure stops it, to be met again (and handled) by the next
+        collection. Submits no new prompts, so the in-flight window is unchanged. `env/turns_during_train`."""
+        episodes = self.feeder.episodes
+        if episodes is None or not episodes.groups or (self.weights.colocated and self.cfg.rollout.colocate_sleep):
+            return {}
+        before, pending, deadline = self.feeder.turns_submitted, list(refs), time.time() + self.timeout
+        while pending and time.time() < deadline:
+            try:
+                self.collector.hold(self.feeder.poll())
+            except EngineFailure as e:
+                logger.warning("%s while the learners train: handled at the next collection", e)
+                break
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.01)
+        return {"env/turns_during_train": float(self.feeder.turns_submitted - before)}
 
     def _sync(self) -> dict[str, float]:
         """The new weights to the engines; a failed engine is replaced (and synced) instead."""

@@ -29,6 +29,7 @@ class RolloutFeeder:
     ) -> None:
         self.engines, self.stream, self.ledger, self.timeout_s = engines, stream, ledger, timeout_s
         self.episodes = episodes  # multi-turn: prompts routed to an environment run as episodes
+        self.turns_submitted = 0  # episode turns sent to the engines (after the first), over the run
         self.outstanding: dict[str, tuple[int, PromptRequest]] = {}  # prompt_id -> (engine index, request)
         self.requests: dict[str, PromptRequest] = {}  # every prompt pulled and not yet resolved
         self._order: dict[str, int] = {}  # prompt_id -> submission sequence number (deterministic batch order)
@@ -153,6 +154,7 @@ class RolloutFeeder:
         for req in self.episodes.poll_jobs():
             turns[self.episodes.engine_of(req)].append(req)
         failure: EngineFailure | None = None
+        self.turns_submitted += sum(len(reqs) for reqs in turns.values())
         try:
             self._submit(turns)
         except EngineFailure as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import string
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,6 +63,7 @@ class FakeTurnEngine:
         self.requests: list[PromptRequest] = []
         self.produced: dict[str, list[int]] = {}
         self.abort_once: set[str] = set()
+        self.stalled: set[str] = set()  # prompts whose requests stay queued, unanswered, while listed here
         self.fail_next_poll = False
         self.bump_after_poll = False
         self.submit, self.poll, self.stats = _Call(self._submit), _Call(self._poll), _Call(lambda: {})
@@ -83,8 +85,11 @@ class FakeTurnEngine:
         if self.fail_next_poll:
             self.fail_next_poll = False
             raise EngineFailure(0, "died: test")
-        out = []
+        out, kept = [], []
         for r in self.queue:
+            if r.prompt_id.split("~")[0] in self.stalled:
+                kept.append(r)
+                continue
             if "~g" not in r.prompt_id:  # a single-turn request: G completions at once
                 out += [Sample(r.prompt_id, j, r.prompt_token_ids, [5], "x", [-1.0], "stop", 0, 0) for j in range(G)]
                 continue
@@ -98,7 +103,7 @@ class FakeTurnEngine:
             self.produced[r.prompt_id] = ids
             lps = [-0.25 - 0.001 * i for i in range(len(ids))]
             out.append(Sample(r.prompt_id, 0, r.prompt_token_ids, ids, "", lps, "stop", self.version, self.version))
-        self.queue = []
+        self.queue = kept
         if self.bump_after_poll:
             self.version += 1
         return out
@@ -548,3 +553,61 @@ def test_a_staged_step_without_jobs_ends_at_once(tokenizer, pool, monkeypatch) -
     groups = c.feeder.poll()  # first turns back: their steps hand out no jobs and end the episodes
     assert len(groups) == 2 and all(r.total == 1.0 for g in groups for r in g.rewards)
     assert not runner.jobs and not runner.groups
+
+
+def test_episodes_take_their_turns_while_the_learners_train(tokenizer, pool, ray_cluster) -> None:
+    """The driver's wait for the learners advances the next step's episodes (next turns submitted, finished groups
+    held), and the next collection trains on what arrived meanwhile. The stand-in learner trains until every
+    in-flight episode has finished, so nothing here depends on timing."""
+    import ray
+
+    from rlvr.orchestration.driver import Trainer
+
+    @ray.remote(num_cpus=0)
+    class Learner:
+        def __init__(self) -> None:
+            self.done = False
+
+        def finish(self) -> None:
+            self.done = True
+
+        def train_batch(self) -> int:  # returns once told (or after 60 s, which fails the test below)
+            deadline = time.monotonic() + 60.0
+            while not self.done and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return int(self.done)
+
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=8)
+    engine.stalled = {"p2", "p3"}  # the window's second half waits in the engine until the learners train
+    groups, _ = c.collect(0)
+    assert sorted(g.prompt_id for g in groups) == ["p0", "p1"] and sorted(runner.groups) == ["p2", "p3"]
+    assert not c.pending
+    learner = Learner.options(max_concurrency=2).remote()
+    poll = c.feeder.poll
+
+    def poll_then_tell() -> list[Group]:
+        engine.stalled.clear()
+        out = poll()
+        if not runner.groups:
+            learner.finish.remote()
+        return out
+
+    c.feeder.poll = poll_then_tell  # type: ignore[method-assign]
+    trainer = SimpleNamespace(
+        feeder=c.feeder,
+        collector=c,
+        weights=SimpleNamespace(colocated=False),
+        cfg=SimpleNamespace(rollout=SimpleNamespace(colocate_sleep=False)),
+        timeout=120.0,
+    )
+    ref = learner.train_batch.remote()
+    m = Trainer._advance_episodes_until(trainer, [ref])
+    assert ray.get(ref) == 1  # the episodes finished while it trained
+    assert m["env/turns_during_train"] > 0 and c.pending and not runner.groups
+    held = {g.prompt_id for g in c.pending}
+    assert held == {"p2", "p3"}
+    c.feeder.poll = poll  # type: ignore[method-assign]
+    _train(c, ledger, groups, engine)
+    nxt, _ = c.collect(1)
+    assert held <= {g.prompt_id for g in nxt}
+    ray.kill(learner)
