@@ -4,13 +4,17 @@ Runs `rlvr train --config configs/tools-cpu.yaml` (the built-in `tool-lookup` ta
 answer its value in a hidden per-row table that only the `lookup` tool reads; rlvr/data/tasks.py,
 rlvr/envs/builtin.py `tool_lookup_tiny`) for seeds 0, 1, 2 one after another, each in a fresh subprocess (its own
 local Ray cluster), and reads each run's eval.jsonl: greedy `eval/reward_mean` (the `copy` answer term plus the
-0.1 `tool_call` term) and exact-answer `eval/pass@1` on the held-out test split at step 0 (before training) and
-every `eval.every_n_steps` after. Prints ONE JSON line per seed:
+0.1 `tool_call` and 0.1 `clean_call` terms), the answer term alone (`eval/reward/copy_mean`, over the episodes that
+answered) and exact-answer `eval/pass@1` on the held-out test split at step 0 (before training) and every
+`eval.every_n_steps` after. Prints ONE JSON line per seed:
 
     {"card": "cpu", "config": "configs/tools-cpu.yaml", "seed": 0, "flags": [...],
-     "curve": [[step, eval_reward, pass@1], ...], "gain": g, "pass@1": p, "wall_s": s, "final_step": n}
+     "curve": [[step, eval_reward, pass@1], ...], "gain": g, "pass@1": p,
+     "answer_curve": [[step, copy_mean], ...], "answer_gain": a, "wall_s": s, "final_step": n}
 
-gain = eval reward at the last eval - eval reward at step 0; pass@1 = at the last eval (an exact answer needs the
+gain = eval reward at the last eval - eval reward at step 0; the call terms alone can add 0.2 of it, so the
+answer term and pass@1 say whether the value was used: a chance answer after a call scores about 0.15 (3 letters
+over 5, the stop via "?" counted as a fourth character); pass@1 = at the last eval (an exact answer needs the
 tool: a guess scores 0 and the value is never in the prompt); wall_s is the whole `rlvr train` run (Ray start,
 model build, training, evals, shutdown). Target (issue 19): gain >= 0.3 within 10 minutes a seed on 2 CPU cores.
 
@@ -35,6 +39,18 @@ CONFIG = "configs/tools-cpu.yaml"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def read_answer_curve(run_dir: Path) -> list[list[float]]:
+    """[[step, eval/reward/copy_mean], ...]: the answer's `copy` score alone, without the call terms, averaged over
+    the eval episodes that gave an answer (0 where none did)."""
+    curve: dict[int, float] = {}
+    with open(run_dir / "eval.jsonl") as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                curve[int(rec["step"])] = float(rec.get("eval/reward/copy_mean", 0.0))
+    return [[s, round(curve[s], 4)] for s in sorted(curve)]
+
+
 def run_seed(seed: int, output_dir: str | Path, flags: list[str] | None = None) -> dict[str, Any]:
     """`rlvr train --config configs/tools-cpu.yaml` with `seed` in a subprocess; its result line."""
     cmd = [sys.executable, "-m", "rlvr.cli", "train", "--config", str(ROOT / CONFIG), "--seed", str(seed)]
@@ -48,6 +64,7 @@ def run_seed(seed: int, output_dir: str | Path, flags: list[str] | None = None) 
     curve = read_curve(Path(output_dir) / f"seed{seed}")
     if len(curve) < 2 or curve[0][0] != 0:
         raise RuntimeError(f"seed {seed}: eval.jsonl has no step-0 baseline and final eval: {curve}")
+    answer = read_answer_curve(Path(output_dir) / f"seed{seed}")
     return {
         "card": "cpu",
         "config": CONFIG,
@@ -56,6 +73,8 @@ def run_seed(seed: int, output_dir: str | Path, flags: list[str] | None = None) 
         "curve": curve,
         "gain": round(curve[-1][1] - curve[0][1], 4),
         "pass@1": curve[-1][2],
+        "answer_curve": answer,
+        "answer_gain": round(answer[-1][1] - answer[0][1], 4),
         "wall_s": round(wall, 1),
         "final_step": int(curve[-1][0]),
     }

@@ -48,8 +48,9 @@ COPY_VERIFIER = "copy"
 TOOL_LOOKUP_KEYS = "ABCD"
 TOOL_LOOKUP_LEN = 3
 TOOL_LOOKUP_ENV = "tool_lookup_tiny"
-TOOL_LOOKUP_CHARS = "?!"
-"""The compact call marker and the rendering of a failed call (rlvr/envs/builtin.py `tool_lookup_tiny`)."""
+TOOL_LOOKUP_CHARS = "?!="
+"""The compact call marker, the rendering of a failed call and the observation's closing delimiter
+(rlvr/envs/builtin.py `tool_lookup_tiny`)."""
 BUILTIN_TASKS: tuple[str, ...] = ("copy", "copy4", "arith", "tool-lookup", *MATH_TASKS)
 """Names accepted after `builtin:`."""
 
@@ -162,7 +163,7 @@ def builtin_corpus(name: str) -> list[str]:
     if name == "tool-lookup":
         rows = _tool_lookup_rows("train", 200, random.Random(_TEST_SEED + 1))
         chars = list(TOOL_LOOKUP_KEYS + COPY4_ALPHABET + TOOL_LOOKUP_CHARS)
-        return chars + [f"{r['prompt']}\n{r['prompt']}?\n{r['ground_truth']}\n{r['ground_truth']}" for r in rows]
+        return chars + [f"{r['prompt']}\n{r['prompt']}?\n{r['ground_truth']}=\n{r['ground_truth']}" for r in rows]
     if name in ("copy", "copy4"):
         chars = list(_copy_spec(name)[0]) + ["="]
     else:

@@ -5,9 +5,11 @@
   (rows from `rlvr.envs.tasks.lookup_rows`: the answer is only obtainable through the tool).
 - `tool_lookup_tiny`: the lookup task for the random-init tiny CPU model (`builtin:tool-lookup` rows,
   configs/tools-cpu.yaml): postfix compact calls `B?` over the row's table ("?" also ends the turn), errors
-  rendered as "!", no instructions, the
+  rendered as "!", every observation closed by "=" (the value then reads like the copy demo's prompt "dbe="),
+  no instructions, the
   answer scored by the row's verifier (`copy`, partial credit per character) only after a successful call (a
-  guess scores 0), and a `tool_call` term of 0.1. One turn may call; the turn after it is the answer.
+  guess scores 0), a `tool_call` term of 0.1, and a `clean_call` term of 0.1 when the call turn is the call alone
+  (`B?`, nothing written before it), which puts the observation at the same place in every episode. One turn may call; the turn after it is the answer.
 - `math_python`: `ToolEnv` with the `python` (code sandbox) and `calculator` tools, answer checked by `math`
   (rows of any math dataset with a `ground_truth`, e.g. `builtin:arith-l5`).
 """
@@ -52,6 +54,7 @@ def tool_lookup_tiny_env(**params: Any) -> ToolEnv:
         description="",
         call_pattern=r"([A-Za-z0-9_]+)\?",
         stop_strings=["?"],
+        result_suffix="=",
     )
     defaults: dict[str, Any] = {
         "tools": ["lookup"],
@@ -59,6 +62,7 @@ def tool_lookup_tiny_env(**params: Any) -> ToolEnv:
         "verifier": "copy",
         "instructions": "",
         "call_reward": 0.1,
+        "clean_call_reward": 0.1,
         "require_call": True,
         "max_call_turns": 1,
         "strip_suffixes": (TINY_EOS,),

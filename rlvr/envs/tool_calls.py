@@ -56,10 +56,12 @@ class ToolCall:
 
 @dataclass
 class ParsedCalls:
-    """The result of parsing one turn: well-formed calls and one message per malformed one."""
+    """The result of parsing one turn: well-formed calls and one message per malformed one; `other_text` is the
+    turn's text outside the calls' markup (empty for a turn that is nothing but calls)."""
 
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    other_text: str = ""
 
 
 @dataclass
@@ -127,6 +129,7 @@ class QwenFormat:
                 out.errors.append(error)
         if self.open_tag in text[end:]:
             out.errors.append(f"unclosed {self.open_tag}: expected {self.close_tag}")
+        out.other_text = self._block.sub("", text).strip()
         return out
 
     def _parse_one(self, body: str) -> tuple[ToolCall | None, str]:
@@ -167,7 +170,8 @@ class CompactFormat:
     vocabulary has no letters for "error: no entry ..."); `description` is what `describe` returns (the call
     syntax; "" to leave the system prompt without it). `call_pattern` is the regular expression of one call
     (group 1: the key), e.g. r"([A-Za-z0-9_]+)\?" for postfix calls `K3?`; `stop_strings` end a policy turn
-    (with a postfix call, "?" ends the turn right at the call)."""
+    (with a postfix call, "?" ends the turn right at the call). `result_suffix` is appended to every observation
+    (a delimiter such as "=" marks where the observation ends and the answer starts)."""
 
     def __init__(
         self,
@@ -179,7 +183,9 @@ class CompactFormat:
         description: str = "Look up the code of item K3 with ?K3",
         call_pattern: str = r"\?\s*([A-Za-z0-9_]+)",
         stop_strings: tuple[str, ...] | list[str] = (),
+        result_suffix: str = "",
     ):
+        self.result_suffix = result_suffix
         self.tool, self.argument, self.key_prefix, self.max_calls = tool, argument, key_prefix, max_calls
         self.error_text, self.description = error_text, description
         self.stop_strings = list(stop_strings)
@@ -192,10 +198,12 @@ class CompactFormat:
                 out.errors.append(f"too many tool calls in one turn (at most {self.max_calls})")
                 break
             out.calls.append(ToolCall(self.tool, {self.argument: self.key_prefix + match.group(1)}))
+        out.other_text = self._call.sub("", text).strip()
         return out
 
     def render(self, results: list[ToolResult]) -> str:
-        return " ".join(r.content if r.ok or self.error_text is None else self.error_text for r in results)
+        shown = " ".join(r.content if r.ok or self.error_text is None else self.error_text for r in results)
+        return shown + self.result_suffix
 
     def describe(self, tools: list[ToolSpec]) -> str:
         return self.description

@@ -11,10 +11,12 @@ the tools) and the row's prompt. Each policy turn is parsed with the tool-call f
   `verifier`) scores it from the row's metadata, reward term `verifier name -> score`, and the episode is done.
 
 Shaping and text: `call_reward` adds a reward term `tool_call` once per episode, at the first step whose calls
-all succeeded (a small well-formed-call term); `require_call` scores a final answer 0 (metric
+all succeeded (a small well-formed-call term), and `clean_call_reward` a term `clean_call` at that step when the
+turn holds nothing but its calls (`ParsedCalls.other_text` empty); `require_call` scores a final answer 0 (metric
 `answered_without_call`) unless such a step came before it, so a guess earns no partial credit; after
-`max_call_turns` turns with calls, the next turn is the final answer whatever it contains; `strip_suffixes` are removed from the end of a turn before it is
-parsed or scored. With no instructions and an empty format description, the first observation is the prompt
+`max_call_turns` turns with calls, the next turn is the final answer whatever it contains; `strip_suffixes` are
+removed from the end of a turn before it is parsed or scored, and a stop string the answer turn ended on (the
+format's turn delimiter, e.g. the compact format's "?") before it is scored. With no instructions and an empty format description, the first observation is the prompt
 alone (no system message).
 
 Staged (rlvr/envs/jobs.py): `begin_step` hands out the calls and the answer check as jobs; the collector runs them in
@@ -57,6 +59,7 @@ class ToolEnv:
         max_output_chars: int = 2000,
         timeout_s: float | None = None,
         call_reward: float = 0.0,
+        clean_call_reward: float = 0.0,
         require_call: bool = False,
         max_call_turns: int | None = None,
         strip_suffixes: tuple[str, ...] | list[str] = (),
@@ -76,6 +79,9 @@ class ToolEnv:
         self.timeout_s = timeout_s
         self.call_reward = call_reward
         """Reward term `tool_call`, earned once per episode by the first step whose calls all succeeded."""
+        self.clean_call_reward = clean_call_reward
+        """Reward term `clean_call`, earned with `tool_call` when that turn holds nothing but its calls (no text
+        around them): a call the observation can follow at a fixed place."""
         self.strip_suffixes = tuple(strip_suffixes)
         """Text removed from the end of a turn before it is parsed or scored (e.g. the tokenizer's EOS text,
         which the episode loop's decoding keeps)."""
@@ -120,6 +126,10 @@ class ToolEnv:
         else:
             parsed = self.format.parse(turn_text)
         if not parsed.calls and not parsed.errors:
+            for stop in self.stop_strings:  # the turn's delimiter, like EOS: not part of the answer
+                if stop and turn_text.endswith(stop):
+                    turn_text = turn_text[: -len(stop)]
+                    break
             name = str(self.row.get("verifier") or self.verifier)
             if self.require_call and not self._called:
                 metrics = {"answered": 1.0, "unscored": 0.0, "answered_without_call": 1.0}
@@ -137,7 +147,8 @@ class ToolEnv:
             )
             for call in calls
         ]
-        pending = PendingStep(jobs, {"kind": "tools", "calls": calls, "errors": list(parsed.errors)})
+        state = {"kind": "tools", "calls": calls, "errors": list(parsed.errors), "clean": not parsed.other_text}
+        pending = PendingStep(jobs, state)
         return pending if jobs else self.end_step(pending, [])
 
     def end_step(self, pending: PendingStep, outputs: list[Any]) -> StepResult:
@@ -161,9 +172,12 @@ class ToolEnv:
         call_terms: dict[str, float] = {}
         if results and all(r.ok for r in results):
             self._called = True
-            if self.call_reward and not self._call_rewarded:
+            if (self.call_reward or self.clean_call_reward) and not self._call_rewarded:
                 self._call_rewarded = True
-                call_terms["tool_call"] = self.call_reward
+                if self.call_reward:
+                    call_terms["tool_call"] = self.call_reward
+                if self.clean_call_reward and pending.state.get("clean"):
+                    call_terms["clean_call"] = self.clean_call_reward
         return StepResult(Observation(text=self.format.render(results)), call_terms, metrics=metrics)
 
 

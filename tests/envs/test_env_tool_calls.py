@@ -23,6 +23,8 @@ def test_parses_calls_in_order_and_ignores_text_around() -> None:
         ("lookup", {"key": "item K3"}),
         ("calculator", {"expression": "1+2"}),
     ]
+    assert parsed.other_text == "<think>plan</think>Let me look. and"
+    assert QwenFormat().parse(f"\n{_call('lookup', key='K3')}\n").other_text == ""  # nothing but the call
 
 
 def test_no_call_is_a_final_answer() -> None:

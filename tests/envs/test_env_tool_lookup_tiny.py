@@ -51,8 +51,8 @@ def test_the_answer_comes_through_the_call(tiny_tokenizer: Any) -> None:
     row = _row()
     key, value = row["prompt"], row["ground_truth"]
     ep = _play(tiny_tokenizer, row, [f"{key}?", value])
-    assert ep.end_reason == "done" and ep.reward_terms == {"tool_call": 0.1, "copy": 1.0}
-    assert ep.turns[0].observation_text == value and ep.env_metrics["tool_calls"] == 1
+    assert ep.end_reason == "done" and ep.reward_terms == {"tool_call": 0.1, "clean_call": 0.1, "copy": 1.0}
+    assert ep.turns[0].observation_text == value + "=" and ep.env_metrics["tool_calls"] == 1
     prompt = tiny_tokenizer.decode(ep.token_ids[: ep.prompt_length])
     assert prompt.strip() == key and value not in prompt  # the value is never in the prompt: only the tool shows it
 
@@ -68,16 +68,30 @@ def test_a_wrong_key_shows_an_error_and_earns_nothing(tiny_tokenizer: Any) -> No
     row = _row()
     for key in ("a", next(k for k in "ABCD" if k != row["prompt"])):  # not a key; another row's key
         ep = _play(tiny_tokenizer, row, [f"{key}?", row["ground_truth"]])
-        assert ep.turns[0].observation_text == "!" and ep.env_metrics["tool_errors"] == 1
+        assert ep.turns[0].observation_text == "!=" and ep.env_metrics["tool_errors"] == 1
         assert ep.reward_terms == {"copy": 0.0}
 
 
 def test_the_turn_after_the_call_is_the_answer_with_partial_credit(tiny_tokenizer: Any) -> None:
     row = _row()
     key, value = row["prompt"], row["ground_truth"]
-    ep = _play(tiny_tokenizer, row, [f"{key}?", f"{value}?"])  # a second call is read as the answer "dbe?"
+    # a second call is read as the answer, and the stop string "?" that ended it is its delimiter, like EOS
+    ep = _play(tiny_tokenizer, row, [f"{key}?", f"{value}?"])
     assert ep.end_reason == "done" and ep.env_metrics["tool_calls"] == 1
-    assert ep.reward_terms == {"tool_call": 0.1, "copy": pytest.approx(3 / 4)}
+    assert ep.reward_terms == {"tool_call": 0.1, "clean_call": 0.1, "copy": 1.0}
+    wrong_last = value[:-1] + next(c for c in "abcde" if c != value[-1])
+    for answer, score in ((f"{wrong_last}?", 2 / 3), (f"{value}??", 3 / 4), (f"{value}!", 3 / 4)):
+        ep = _play(tiny_tokenizer, row, [f"{key}?", answer])
+        assert ep.reward_terms["copy"] == pytest.approx(score), answer  # one delimiter only; other text counts
+
+
+def test_a_call_with_text_before_it_works_but_earns_no_clean_call_term(tiny_tokenizer: Any) -> None:
+    row = _row()
+    key, value = row["prompt"], row["ground_truth"]
+    for junk in ("!", "<|system|>", "=="):  # a key-less prefix: the call still parses and shows the value
+        ep = _play(tiny_tokenizer, row, [f"{junk}{key}?", value])
+        assert ep.turns[0].observation_text == value + "=" and ep.env_metrics["tool_calls"] == 1
+        assert ep.reward_terms == {"tool_call": 0.1, "copy": 1.0}, junk
 
 
 def test_postfix_compact_format_parses_renders_and_stops() -> None:
@@ -85,11 +99,14 @@ def test_postfix_compact_format_parses_renders_and_stops() -> None:
         key_prefix="", max_calls=1, error_text="!", call_pattern=r"([A-Za-z0-9_]+)\?", stop_strings=["?"]
     )
     parsed = fmt.parse("xB?")
-    assert [c.arguments for c in parsed.calls] == [{"key": "xB"}] and not parsed.errors
+    assert [c.arguments for c in parsed.calls] == [{"key": "xB"}] and not parsed.errors and parsed.other_text == ""
+    assert fmt.parse("!B?").other_text == "!" and fmt.parse(" B? ").other_text == ""
     assert not fmt.parse("dbe").calls and not fmt.parse("?").calls
     assert fmt.stop_strings == ["?"]
     results = [ToolResult("lookup", "dbe"), ToolResult("lookup", "error: no entry", ok=False, reason="crash")]
     assert fmt.render(results) == "dbe !"
     default = CompactFormat()  # unchanged defaults: prefix calls, errors shown, "item " keys
+    closed = CompactFormat(error_text="!", result_suffix="=")  # the observation's closing delimiter
+    assert closed.render(results) == "dbe !=" and closed.render(results[1:]) == "!="
     assert default.parse("?K3").calls[0].arguments == {"key": "item K3"} and default.stop_strings == []
     assert default.render(results[1:]) == "error: no entry"
