@@ -13,8 +13,8 @@ answered) and exact-answer `eval/pass@1` on the held-out test split at step 0 (b
      "answer_curve": [[step, copy_mean], ...], "answer_gain": a, "wall_s": s, "final_step": n}
 
 gain = eval reward at the last eval - eval reward at step 0; the call terms alone can add 0.2 of it, so the
-answer term and pass@1 say whether the value was used: a chance answer after a call scores about 0.15 (3 letters
-over 5, the stop via "?" counted as a fourth character); pass@1 = at the last eval (an exact answer needs the
+answer term and pass@1 say whether the value was used: a chance answer of 3 letters after a call scores about
+0.2 (each letter right 1 time in 5); pass@1 = at the last eval (an exact answer needs the
 tool: a guess scores 0 and the value is never in the prompt); wall_s is the whole `rlvr train` run (Ray start,
 model build, training, evals, shutdown). Target (issue 19): gain >= 0.3 within 10 minutes a seed on 2 CPU cores.
 

@@ -57,7 +57,9 @@ class ToolCall:
 @dataclass
 class ParsedCalls:
     """The result of parsing one turn: well-formed calls and one message per malformed one; `other_text` is the
-    turn's text outside the calls' markup (empty for a turn that is nothing but calls)."""
+    turn's text outside the calls' markup (empty for a turn that is nothing but calls; `QwenFormat` strips the
+    whitespace around its blocks, `CompactFormat` keeps every character, since for a tiny model a space or a newline
+    is a token that moves what follows)."""
 
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -198,7 +200,7 @@ class CompactFormat:
                 out.errors.append(f"too many tool calls in one turn (at most {self.max_calls})")
                 break
             out.calls.append(ToolCall(self.tool, {self.argument: self.key_prefix + match.group(1)}))
-        out.other_text = self._call.sub("", text).strip()
+        out.other_text = self._call.sub("", text)  # not stripped: a tiny model's whitespace is a token that moves
         return out
 
     def render(self, results: list[ToolResult]) -> str:

@@ -147,7 +147,8 @@ class ToolEnv:
             )
             for call in calls
         ]
-        state = {"kind": "tools", "calls": calls, "errors": list(parsed.errors), "clean": not parsed.other_text}
+        clean = parsed.other_text in ("", *self.stop_strings)  # the turn's own delimiter is not extra text
+        state = {"kind": "tools", "calls": calls, "errors": list(parsed.errors), "clean": clean}
         pending = PendingStep(jobs, state)
         return pending if jobs else self.end_step(pending, [])
 

@@ -39,7 +39,7 @@ def actor_get(
         raise failure(index or 0, f"{what} did not answer within {timeout_s:g}s{hint}") from e
     except ray.exceptions.RayActorError as e:
         if index is None:
-            index = next((i for i, r in enumerate(refs if isinstance(refs, list) else [refs]) if _failed(r)), 0)
+            index = next((i for i, r in enumerate(refs if isinstance(refs, list) else [refs]) if call_failed(r)), 0)
         raise failure(index, f"died during {what}: {describe(e)}") from e
 
 
@@ -68,7 +68,8 @@ def replace_verifiers(actors: Any, error: BaseException) -> None:
     actors.verifiers = actors.factory.verifiers()
 
 
-def _failed(ref: Any) -> bool:
+def call_failed(ref: Any) -> bool:
+    """Whether a finished Ray call raised (False while it is still running)."""
     try:
         ray.get(ref, timeout=0)
         return False

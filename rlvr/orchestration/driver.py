@@ -20,7 +20,7 @@ from rlvr.algorithms.packing import pack_step
 from rlvr.algorithms.shaping import ShapingConfig, episode_length_cap
 from rlvr.config import ExperimentConfig
 from rlvr.orchestration.accounting import PromptLedger, source_drops
-from rlvr.orchestration.actors import engine_get
+from rlvr.orchestration.actors import call_failed, engine_get
 from rlvr.orchestration.checkpoint import CheckpointError, RunDir, load_learners, read_driver_state, write_driver_state
 from rlvr.orchestration.collector import RolloutCollector, VerifierScorer
 from rlvr.orchestration.episodes import build_episode_runner
@@ -135,29 +135,40 @@ class Trainer:
             self.weights.sleep_engines()
         self.faults.before_train(self.step + 1, self.actors)
         refs = [lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)]
-        turns = self._advance_episodes_until(refs)
-        outs = learner_get(refs, "train_batch", self.timeout)
+        deadline = time.time() + self.timeout  # one actor timeout for the learners, pump included
+        turns, failure = self._advance_episodes_until(refs, deadline)
+        outs = learner_get(refs, "train_batch", max(1.0, deadline - time.time()))
         self.step += 1
         self.collector.advance()
+        if failure is not None:  # met while the learners trained: replaced now, synced to the new weights
+            self._replace_engine(failure)
         return {**reduce_all(outs), "time/train": time.perf_counter() - t0, **turns}
 
-    def _advance_episodes_until(self, refs: list[Any]) -> dict[str, float]:
+    def _advance_episodes_until(self, refs: list[Any], deadline: float) -> tuple[dict[str, float], Any]:
         """While the learners train: episodes take their next turns (tool answers in, next turns submitted, finished
-        groups scored and held for the next step), so multi-turn rollouts do not wait for the train step. Only with
-        episodes and awake engines; an engine failure stops it, to be met again (and handled) by the next
-        collection. Submits no new prompts, so the in-flight window is unchanged. `env/turns_during_train`."""
+        groups scored and held for the next step), so multi-turn rollouts do not wait for the train step.
+
+        Only with episodes, awake engines and `async_steps` >= 1 (on-policy, whatever is generated now is stale by
+        the next step). Submits no new prompts, so the in-flight window is unchanged. Stops when every learner has
+        answered, one has failed, or at `deadline`. An engine failure stops it and is returned, to be handled (the
+        engine replaced, its prompts re-queued) once the learners are done. Returns (`env/turns_during_train`, the
+        failure or None)."""
         episodes = self.feeder.episodes
-        if episodes is None or not episodes.groups or (self.weights.colocated and self.cfg.rollout.colocate_sleep):
-            return {}
-        before, pending, deadline = self.feeder.turns_submitted, list(refs), time.time() + self.timeout
+        asleep = self.weights.colocated and self.cfg.rollout.colocate_sleep
+        if episodes is None or not episodes.groups or asleep or self.cfg.rollout.async_steps < 1:
+            return {}, None
+        before, pending, failure = self.feeder.turns_submitted, list(refs), None
         while pending and time.time() < deadline:
             try:
                 self.collector.hold(self.feeder.poll())
             except EngineFailure as e:
-                logger.warning("%s while the learners train: handled at the next collection", e)
+                logger.warning("%s while the learners train: replacing it after the train step", e)
+                failure = e
                 break
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.01)
-        return {"env/turns_during_train": float(self.feeder.turns_submitted - before)}
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.01)
+            if any(call_failed(r) for r in ready):
+                break  # learner_get raises it
+        return {"env/turns_during_train": float(self.feeder.turns_submitted - before)}, failure
 
     def _sync(self) -> dict[str, float]:
         """The new weights to the engines; a failed engine is replaced (and synced) instead."""

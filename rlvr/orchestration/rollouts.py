@@ -154,10 +154,10 @@ class RolloutFeeder:
         for req in self.episodes.poll_jobs():
             turns[self.episodes.engine_of(req)].append(req)
         failure: EngineFailure | None = None
-        self.turns_submitted += sum(len(reqs) for reqs in turns.values())
         try:
             self._submit(turns)
-        except EngineFailure as e:
+            self.turns_submitted += sum(len(reqs) for reqs in turns.values())
+        except EngineFailure as e:  # the prompts not sent start over: their turns are not counted
             failure = e
         for g in self.episodes.take_finished():
             if g.samples and g.samples[0].is_eval:  # an eval's episodes: collected by the Evaluator

@@ -63,8 +63,15 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
-"""vLLM finish reasons kept as they are; anything else ("abort", "error", "repetition") becomes "abort"."""
+_FINISH_REASONS: dict[str | None, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+"""vLLM finish reasons kept as they are. Anything else ("error", "repetition", a reason added later) becomes
+"length": an ending the policy may have caused is treated as a truncation (shaped and scored like one), never
+as an "abort", which restarts an episode and finally leaves it unscored: that would be a way out of a low score."""
+
+
+def finish_reason(vllm_reason: str | None) -> FinishReason:
+    """rlvr's finish reason for one of vLLM's (`_FINISH_REASONS`)."""
+    return _FINISH_REASONS.get(vllm_reason, "length")
 
 
 @dataclass
@@ -420,7 +427,7 @@ class VLLMEngine(VLLMWeightUpdates):
             completion_token_ids=token_ids,
             completion_text=comp.text or "",
             logprobs=logprobs,
-            finish_reason=_FINISH_REASONS.get(comp.finish_reason, "abort"),
+            finish_reason=finish_reason(comp.finish_reason),
             version_start=version_start,
             version_end=self._version,
             engine_id=self.engine_id,

@@ -88,7 +88,7 @@ def test_the_turn_after_the_call_is_the_answer_with_partial_credit(tiny_tokenize
 def test_a_call_with_text_before_it_works_but_earns_no_clean_call_term(tiny_tokenizer: Any) -> None:
     row = _row()
     key, value = row["prompt"], row["ground_truth"]
-    for junk in ("!", "<|system|>", "=="):  # a key-less prefix: the call still parses and shows the value
+    for junk in ("!", "<|system|>", "==", " ", "\n"):  # a key-less prefix: the call parses and shows the value
         ep = _play(tiny_tokenizer, row, [f"{junk}{key}?", value])
         assert ep.turns[0].observation_text == value + "=" and ep.env_metrics["tool_calls"] == 1
         assert ep.reward_terms == {"tool_call": 0.1, "copy": 1.0}, junk
@@ -100,7 +100,7 @@ def test_postfix_compact_format_parses_renders_and_stops() -> None:
     )
     parsed = fmt.parse("xB?")
     assert [c.arguments for c in parsed.calls] == [{"key": "xB"}] and not parsed.errors and parsed.other_text == ""
-    assert fmt.parse("!B?").other_text == "!" and fmt.parse(" B? ").other_text == ""
+    assert fmt.parse("!B?").other_text == "!" and fmt.parse(" B?").other_text == " "  # a space is a token too
     assert not fmt.parse("dbe").calls and not fmt.parse("?").calls
     assert fmt.stop_strings == ["?"]
     results = [ToolResult("lookup", "dbe"), ToolResult("lookup", "error: no entry", ok=False, reason="crash")]
@@ -110,3 +110,17 @@ def test_postfix_compact_format_parses_renders_and_stops() -> None:
     assert closed.render(results) == "dbe !=" and closed.render(results[1:]) == "!="
     assert default.parse("?K3").calls[0].arguments == {"key": "item K3"} and default.stop_strings == []
     assert default.render(results[1:]) == "error: no entry"
+
+
+def test_a_call_turn_ended_by_its_stop_string_is_still_clean() -> None:
+    """`clean_call` asks for nothing but the call: the stop string that ended the turn is its delimiter, not text."""
+    from rlvr.envs.tool_env import ToolEnv
+
+    fmt = CompactFormat(key_prefix="item ", stop_strings=["."])  # prefix calls `?K3`, turns stopped at "."
+    row = {"prompt": "K3", "ground_truth": "4821", "verifier": "copy", "table": {"item K3": "4821"}}
+    for turn, clean in (("?K3.", True), ("?K3", True), ("x?K3.", False), ("?K3 .", False)):
+        env = ToolEnv(tools=["lookup"], tool_format=fmt, instructions="", call_reward=0.1, clean_call_reward=0.1)
+        env.reset(row)
+        result = env.step(turn, [])
+        assert result.observation is not None and result.observation.text == "4821", turn
+        assert ("clean_call" in result.reward_terms) is clean, turn

@@ -597,12 +597,11 @@ def test_episodes_take_their_turns_while_the_learners_train(tokenizer, pool, ray
         feeder=c.feeder,
         collector=c,
         weights=SimpleNamespace(colocated=False),
-        cfg=SimpleNamespace(rollout=SimpleNamespace(colocate_sleep=False)),
-        timeout=120.0,
+        cfg=SimpleNamespace(rollout=SimpleNamespace(colocate_sleep=False, async_steps=1)),
     )
     ref = learner.train_batch.remote()
-    m = Trainer._advance_episodes_until(trainer, [ref])
-    assert ray.get(ref) == 1  # the episodes finished while it trained
+    m, failure = Trainer._advance_episodes_until(trainer, [ref], time.time() + 120.0)
+    assert ray.get(ref) == 1 and failure is None  # the episodes finished while it trained
     assert m["env/turns_during_train"] > 0 and c.pending and not runner.groups
     held = {g.prompt_id for g in c.pending}
     assert held == {"p2", "p3"}
@@ -611,3 +610,40 @@ def test_episodes_take_their_turns_while_the_learners_train(tokenizer, pool, ray
     nxt, _ = c.collect(1)
     assert held <= {g.prompt_id for g in nxt}
     ray.kill(learner)
+
+
+def test_an_engine_failure_while_the_learners_train_is_handed_back_and_nothing_is_lost(
+    tokenizer, pool, ray_cluster
+) -> None:
+    """The pump stops at an engine failure and returns it (the driver replaces the engine after the train step);
+    the groups that came back meanwhile are kept, and re-queueing gets every prompt trained exactly once."""
+    import ray
+
+    from rlvr.orchestration.driver import Trainer
+
+    c, engine, ledger, runner = _setup(tokenizer, pool, limit=8)
+    engine.stalled = {"p2", "p3"}
+    groups, _ = c.collect(0)
+    engine.stalled.clear()
+    engine.fail_next_poll = True
+    trainer = SimpleNamespace(
+        feeder=c.feeder,
+        collector=c,
+        weights=SimpleNamespace(colocated=False),
+        cfg=SimpleNamespace(rollout=SimpleNamespace(colocate_sleep=False, async_steps=1)),
+    )
+    ref = ray.put(0)  # a learner that has already answered: the pump polls once
+    m, failure = Trainer._advance_episodes_until(trainer, [ref], time.time() + 60.0)
+    assert isinstance(failure, EngineFailure) and m == {"env/turns_during_train": 0.0}
+    trainer.cfg.rollout.async_steps = 0  # on-policy: whatever it generated now would be stale, so it does not run
+    assert Trainer._advance_episodes_until(trainer, [ref], time.time() + 60.0) == ({}, None)
+    c.feeder.requeue_from(0)  # what the driver's engine replacement does with the prompts it had
+    _train(c, ledger, groups, engine)
+    trained = [g.prompt_id for g in groups]
+    for step in range(1, 6):
+        collected = c.collect(step)
+        if collected is None:
+            break
+        trained += [g.prompt_id for g in collected[0]]
+        _train(c, ledger, collected[0], engine)
+    assert sorted(trained) == [f"p{i}" for i in range(8)]
