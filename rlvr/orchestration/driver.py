@@ -25,7 +25,14 @@ from rlvr.orchestration.checkpoint import CheckpointError, RunDir, load_learners
 from rlvr.orchestration.collector import RolloutCollector, VerifierScorer
 from rlvr.orchestration.episodes import build_episode_runner
 from rlvr.orchestration.evaluation import Evaluator
-from rlvr.orchestration.health import EngineFailure, EngineWatch, StopRequested, skipped_steps_message
+from rlvr.orchestration.health import (
+    EngineFailure,
+    EngineWatch,
+    LearnerFailure,
+    StopRequested,
+    describe,
+    skipped_steps_message,
+)
 from rlvr.orchestration.request_codec import request_from_json, request_to_json
 from rlvr.orchestration.rollouts import RolloutFeeder
 from rlvr.orchestration.stats import sample_records
@@ -233,12 +240,30 @@ class Trainer:
         self.actors.engines[i] = self.actors.factory.engine(i, version=self.step)
         self.feeder.engines = self.actors.engines
         self.watch.reset(i)
-        self.actors.factory.connect_weight_sync(self.actors)
-        self.weights.sync(self.step)
+        self._reconnect_weight_sync()
         self.failures.append(
             {"step": self.step, "actor": f"engine {i}", "reason": failure.reason, "requeued_prompts": len(requeued)}
         )
         logger.info("engine %d replaced at version %d; %d prompts re-queued", i, self.step, len(requeued))
+
+    def _reconnect_weight_sync(self, attempts: int = 3) -> None:
+        """Rebuild the weight-sync group with the replacement engine and sync it. A learner call may meet Ray's
+        `ActorUnavailableError` once: the failed sync cancelled the learners' send, and a cancelled call that never
+        reached the actor leaves a gap in its call order, which Ray waits out, fails the calls queued behind it, and
+        then skips. Those calls are made again (up to `attempts` times), also when `learner_get`/`engine_get` wrapped
+        that error; any other failure propagates."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.actors.factory.connect_weight_sync(self.actors)
+                self.weights.sync(self.step)
+                return
+            except (ray.exceptions.ActorUnavailableError, LearnerFailure, EngineFailure) as e:
+                unavailable = isinstance(e, ray.exceptions.ActorUnavailableError) or isinstance(
+                    e.__cause__, ray.exceptions.ActorUnavailableError
+                )
+                if not unavailable or attempt == attempts:
+                    raise
+                logger.warning("weight-sync reconnect, attempt %d of %d: %s", attempt, attempts, describe(e))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
