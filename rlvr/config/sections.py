@@ -237,6 +237,10 @@ class LearnerConfig:
     """Linear warmup optimizer steps."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 = off)."""
+    fp32_master_weights: bool = True
+    """Torch backend: keep a float32 copy of bfloat16/float16 trainable weights, accumulate gradients and step
+    AdamW in float32, and copy the result back (DeepSpeed always does). False: AdamW updates the low-precision
+    weights in place, and updates below their rounding step are lost."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """DeepSpeed ZeRO stage."""
     offload_optimizer: bool = False

@@ -35,9 +35,12 @@ def adamw(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.AdamW:
     """AdamW over the parameters that train (all of them, or only the LoRA adapters: frozen ones get no optimizer
     state); on CUDA the fused kernel (one launch per step instead of foreach ops that allocate parameter-sized
     temporaries)."""
+    return _adamw_over([p for p in model.parameters() if p.requires_grad], cfg)
+
+
+def _adamw_over(params: list, cfg: ExperimentConfig) -> torch.optim.AdamW:
     lc = cfg.learner
-    on_cuda = next(model.parameters()).is_cuda
-    params = [p for p in model.parameters() if p.requires_grad]
+    on_cuda = params[0].is_cuda if params else False
     return torch.optim.AdamW(
         params,
         lr=lc.lr,
@@ -48,12 +51,24 @@ def adamw(model: torch.nn.Module, cfg: ExperimentConfig) -> torch.optim.AdamW:
 
 
 class TorchBackend:
-    """AdamW + LambdaLR with gradients summed over ranks by an explicit all-reduce."""
+    """AdamW + LambdaLR with gradients summed over ranks by an explicit all-reduce.
+
+    Low-precision training (`learner.fp32_master_weights`, on by default): where trainable weights are bfloat16 or
+    float16, AdamW owns float32 copies of them. Each micro-batch's gradients are added into the copies' float32
+    gradients (so accumulation over micro-batches does not round either), the all-reduce, clipping and the update
+    run in float32, and the result is copied back into the model's weights. Without the copies an update smaller
+    than half a weight's bfloat16 step (about 0.4% of its size) is rounded away, which slows learning measurably
+    (docs/design.md, Algorithms: Precision). The copies are saved with the optimizer state, so resume is exact."""
 
     def __init__(self, model: torch.nn.Module, cfg: ExperimentConfig, world_size: int) -> None:
         lc = cfg.learner
         self.model, self.cfg, self.world_size = model, cfg, world_size
-        self.optimizer = adamw(model, cfg)
+        self.params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+        low = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
+        self.master: list[torch.Tensor] | None = None
+        if lc.fp32_master_weights and low:
+            self.master = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.optimizer = _adamw_over(self.master if self.master is not None else self.params, cfg)
         total = total_optimizer_steps(cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_lambda(s, lc.warmup_steps, total, lc.lr_schedule)
@@ -61,9 +76,18 @@ class TorchBackend:
 
     def backward(self, loss: torch.Tensor, is_last: bool) -> None:
         loss.backward()
+        if self.master is None:
+            return
+        for p, m in zip(self.params, self.master, strict=True):  # into float32 at once: no low-precision sums
+            if p.grad is not None:
+                if m.grad is None:
+                    m.grad = p.grad.float()
+                else:
+                    m.grad.add_(p.grad)
+                p.grad = None
 
     def step(self) -> tuple[float, bool]:
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self.master if self.master is not None else self.params
         if self.world_size > 1:
             for p in params:
                 if p.grad is None:
@@ -75,9 +99,30 @@ class TorchBackend:
         ok = math.isfinite(grad_norm)
         if ok:
             self.optimizer.step()
+            self._copy_master_to_model()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.zero_grad()
         return grad_norm, ok
+
+    def skip_step(self) -> None:
+        """A step every rank agreed to skip: gradients dropped, the schedule still advances."""
+        self.zero_grad()
+        self.scheduler.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def _copy_master_to_model(self) -> None:
+        if self.master is not None:
+            torch._foreach_copy_(self.params, self.master)
+
+    @torch.no_grad()
+    def _copy_model_to_master(self) -> None:
+        if self.master is not None:
+            torch._foreach_copy_(self.master, self.params)
 
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
@@ -85,6 +130,8 @@ class TorchBackend:
     @contextlib.contextmanager
     def gathered(self, modify: bool = False) -> Iterator[torch.nn.Module]:
         yield self.model
+        if modify:  # weights set from outside (a checkpoint): the float32 copies follow
+            self._copy_model_to_master()
 
     def named_weights(self, copy: bool) -> Iterator[tuple[str, torch.Tensor]]:
         return _detached(self.model)
@@ -93,14 +140,31 @@ class TorchBackend:
         return None  # the module's own state_dict is already whole
 
     def save(self, path: Path) -> None:
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, path / "optimizer.pt"
-        )
+        state: dict = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.master is not None:
+            state["master"] = [m.detach() for m in self.master]
+        torch.save(state, path / "optimizer.pt")
 
     def load(self, path: Path) -> None:
         state = weights_only_load(path / "optimizer.pt")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.master is None:
+            return
+        saved = state.get("master")
+        if saved is None:  # a checkpoint written without the copies: start them from the loaded weights
+            self._copy_model_to_master()
+            return
+        where = f"{path / 'optimizer.pt'}: 'master'"
+        if not isinstance(saved, list) or len(saved) != len(self.master):
+            found = f"{len(saved)} entries" if isinstance(saved, list) else type(saved).__name__
+            raise ValueError(f"{where} holds {found}, the model trains {len(self.master)} weights")
+        for i, (m, t) in enumerate(zip(self.master, saved, strict=True)):
+            if not isinstance(t, torch.Tensor) or t.shape != m.shape:
+                raise ValueError(f"{where} entry {i} does not match the model's weight of shape {tuple(m.shape)}")
+        with torch.no_grad():
+            torch._foreach_copy_(self.master, [t.to(m.device, torch.float32) for m, t in zip(self.master, saved)])
+        self._copy_master_to_model()
 
 
 class DeepSpeedBackend:

@@ -244,7 +244,7 @@ class LearnerWorker:
             for p in self.model.parameters():
                 p.grad = None
             if isinstance(self.backend, TorchBackend):
-                self.backend.scheduler.step()
+                self.backend.skip_step()
             ok, grad_norm = False, float("nan")
         else:
             grad_norm, ok = self.backend.step()
