@@ -239,8 +239,9 @@ class LearnerConfig:
     """Gradient clipping norm (0 = off)."""
     fp32_master_weights: bool = True
     """Torch backend: keep a float32 copy of bfloat16/float16 trainable weights, accumulate gradients and step
-    AdamW in float32, and copy the result back (DeepSpeed always does). False: AdamW updates the low-precision
-    weights in place, and updates below their rounding step are lost."""
+    AdamW in float32, and copy the result back (DeepSpeed always does); it costs 8 bytes per trainable weight
+    (the copy and its gradient) and AdamW's state is float32. False: AdamW updates the low-precision weights in
+    place, and updates below their rounding step are lost."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """DeepSpeed ZeRO stage."""
     offload_optimizer: bool = False
