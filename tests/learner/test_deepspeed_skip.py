@@ -9,19 +9,15 @@ by a NaN on rank 0), 3 must end with exactly the weights of a run of steps 1 and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from two_ranks import rank_result, run_two_ranks
 
 from rlvr.config import default_config, from_dict
 from rlvr.data import builtin_corpus
-from rlvr.launch.local_cluster import free_port
 from rlvr.models.tiny import build_tiny_model_dir
 
 OVERRIDES = {
@@ -64,30 +60,13 @@ SCRIPT = textwrap.dedent("""
 
 def _run(model_dir: str, out: Path, steps: str, fault_on_rank0: str | None, stage: int) -> list[dict]:
     overrides = {**OVERRIDES, "learner": {**OVERRIDES["learner"], "zero_stage": stage}}
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    env.pop("RLVR_INJECT_FAULTS", None)
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, model_dir, port, str(rank), json.dumps(overrides), str(out), steps],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**env, "RLVR_INJECT_FAULTS": fault_on_rank0} if rank == 0 and fault_on_rank0 else env,
-        )
-        for rank in (0, 1)
-    ]
-    deadline = time.monotonic() + 240
-    try:
-        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the two ZeRO-{stage} ranks did not finish: mismatched collectives (a hang)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    return [json.loads(ln[len("RESULT ") :]) for o, _ in outs for ln in o.splitlines() if ln.startswith("RESULT ")]
+    outs = run_two_ranks(
+        SCRIPT,
+        lambda port, rank: [model_dir, port, str(rank), json.dumps(overrides), str(out), steps],
+        timeout_s=240,
+        rank_env={0: {"RLVR_INJECT_FAULTS": fault_on_rank0}} if fault_on_rank0 else None,
+    )
+    return [rank_result(o) for o in outs]
 
 
 @pytest.mark.timeout(600)

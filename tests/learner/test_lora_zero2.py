@@ -5,16 +5,13 @@ restores them."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from two_ranks import rank_result, run_two_ranks
 
 from rlvr.config import default_config, from_dict
 from rlvr.data import builtin_corpus
-from rlvr.launch.local_cluster import free_port
 from rlvr.models.tiny import build_tiny_model_dir
 
 OVERRIDES = {
@@ -68,25 +65,12 @@ SCRIPT = textwrap.dedent("""
 def test_lora_zero2_two_ranks_train_only_equal_adapters_and_restore(tmp_path) -> None:
     cfg = from_dict(OVERRIDES, base=default_config())
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt"), model_dir, port, str(rank), json.dumps(OVERRIDES)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in (0, 1)
-    ]
-    outs = [p.communicate(timeout=280) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    res = []
-    for out, err in outs:
-        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert line, err[-3000:]
-        res.append(json.loads(line[0][len("RESULT ") :]))
+    outs = run_two_ranks(
+        SCRIPT,
+        lambda port, rank: [str(tmp_path / "ckpt"), model_dir, port, str(rank), json.dumps(OVERRIDES)],
+        timeout_s=280,
+    )
+    res = [rank_result(o) for o in outs]
     for r in res:
         assert r["changed_is_adapter"] and r["num_adapter"] > 0
         assert r["opt_numel"] == r["adapter_numel"]  # ZeRO's fp32 partitions cover the adapters, nothing frozen

@@ -8,18 +8,14 @@ inside the whole-model gather must survive its exit (DeepSpeed drops them with m
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-import time
 
 import pytest
 import torch
+from two_ranks import rank_result, run_two_ranks
 
 from rlvr.config import default_config, from_dict
 from rlvr.data import builtin_corpus
-from rlvr.launch.local_cluster import free_port
 from rlvr.learner.backends import _gather_buckets
 from rlvr.models.tiny import build_tiny_model_dir
 
@@ -76,29 +72,12 @@ SCRIPT = textwrap.dedent("""
 def test_zero3_bucketed_sync_consolidated_save_and_load_on_two_ranks(tmp_path) -> None:
     cfg = from_dict(OVERRIDES, base=default_config())
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, str(tmp_path), model_dir, port, str(rank), json.dumps(OVERRIDES)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank in (0, 1)
-    ]
-    deadline = time.monotonic() + 560  # one budget for both ranks (not 2 x a per-rank timeout past the test's)
-    try:
-        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("RESULT ")]
-    assert line, outs[0][1][-3000:]
-    r = json.loads(line[0][len("RESULT ") :])
+    outs = run_two_ranks(
+        SCRIPT,
+        lambda port, rank: [str(tmp_path), model_dir, port, str(rank), json.dumps(OVERRIDES)],
+        timeout_s=560,  # the test's own limit is 600
+    )
+    r = rank_result(outs[0])  # rank 0 reports
     assert r["partitioned_numel"] < r["full_numel"] / 10  # really partitioned: placeholders on each rank
     assert r["names"] == r["ref_names"]
     assert 1 < r["buckets"] < r["params"]  # several gathers, several parameters per gather

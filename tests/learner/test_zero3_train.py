@@ -11,17 +11,13 @@ through its remaining micro-batches with a zero-weight loss, and both ranks skip
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-import time
 
 import pytest
+from two_ranks import rank_result, run_two_ranks
 
 from rlvr.config import default_config, from_dict
 from rlvr.data import builtin_corpus
-from rlvr.launch.local_cluster import free_port
 from rlvr.models.tiny import build_tiny_model_dir
 
 OVERRIDES = {
@@ -61,31 +57,13 @@ SCRIPT = textwrap.dedent("""
 def test_zero3_ranks_with_different_row_lengths_train_together(tmp_path) -> None:
     cfg = from_dict(OVERRIDES, base=default_config())
     model_dir = str(build_tiny_model_dir(cfg.model, builtin_corpus("copy"), tmp_path / "model", cfg.seed))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, model_dir, port, str(rank), json.dumps(OVERRIDES)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**env, "RLVR_INJECT_FAULTS": "nan_loss@2"} if rank == 0 else env,
-        )
-        for rank in (0, 1)
-    ]
-    deadline = time.monotonic() + 300  # a hang in mismatched gathers shows as this timeout
-    try:
-        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("the two ZeRO-3 ranks did not finish their training steps: mismatched collectives (a hang)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
-    results = [json.loads(ln[len("RESULT ") :]) for o, _ in outs for ln in o.splitlines() if ln.startswith("RESULT ")]
+    outs = run_two_ranks(  # a hang in mismatched gathers shows as a failure at the timeout
+        SCRIPT,
+        lambda port, rank: [model_dir, port, str(rank), json.dumps(OVERRIDES)],
+        timeout_s=300,
+        rank_env={0: {"RLVR_INJECT_FAULTS": "nan_loss@2"}},
+    )
+    results = [rank_result(o) for o in outs]
     assert sorted(r["rank"] for r in results) == [0, 1]
     for r in results:
         assert all(x == x for x in r["loss"]) and abs(r["loss"][0]) > 0  # finite losses on both ranks
