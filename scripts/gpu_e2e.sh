@@ -3,6 +3,8 @@
 # two GPUs with async_steps=1, and colocated on one GPU. Needs the gpu-stack bundle unpacked in $SITE.
 #   bash scripts/gpu_e2e.sh [2x|colocate|all|tp2|multi2|split4] [extra rlvr flags]
 # multi2 (2 GPUs) and split4 (4 GPUs) train with 2 DeepSpeed learner ranks: ZeRO-2 and ZeRO-3 over NCCL.
+# STEPS (multi2, split4, tp2) sets the steps; RUN_TIMEOUT (seconds) limits each run, so one that stalls does not use up
+# the next one's time.
 set -uo pipefail
 WHICH="${1:-all}"; shift || true
 # shellcheck source=scripts/gpu_env.sh
@@ -18,7 +20,7 @@ rc=0
 run() {
   local name=$1; shift
   echo "== $name: rlvr train $*" | tee -a "$OUT/e2e.log"
-  /usr/bin/time -v python3 -m rlvr.cli train "$@" --logging.run-name "$name" 2>&1 | tail -n 60 >> "$OUT/e2e.log"
+  ${RUN_TIMEOUT:+timeout "$RUN_TIMEOUT"} /usr/bin/time -v python3 -m rlvr.cli train "$@" --logging.run-name "$name" 2>&1 | tail -n 60 >> "$OUT/e2e.log"
   local code=${PIPESTATUS[0]}
   echo "== $name exit $code" | tee -a "$OUT/e2e.log"
   cp "/tmp/rlvr-runs/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null || true
@@ -39,8 +41,8 @@ if [ "$WHICH" = multi2 ]; then  # 2 GPUs: learner i and engine i colocated on GP
       --cluster.num-engines 2 --cluster.gpus-per-node 2 --learner.zero-stage 3 --rollout.prompts-per-step 16 \
       --num-steps "${STEPS:-5}" "$@"
 fi
-if [ "$WHICH" = split4 ]; then  # 4 GPUs: 2 learners + 2 engines, ZeRO-2 then ZeRO-3
-  for z in 2 3; do
+if [ "$WHICH" = split4 ]; then  # 4 GPUs: 2 learners + 2 engines, ZeRO-2 then ZeRO-3 (ZEROS="3 2": the other order)
+  for z in ${ZEROS:-2 3}; do
     run "split4_zero$z" --config configs/gpu-2x.yaml "${COMMON[@]}" --cluster.num-learners 2 --cluster.num-engines 2 \
         --cluster.gpus-per-node 4 --learner.zero-stage "$z" --rollout.prompts-per-step 32 --num-steps "${STEPS:-5}" "$@"
   done
