@@ -83,7 +83,10 @@ def copy_pairs(tokenizer: Any, num: int = 8) -> list[tuple[list[int], list[int]]
 
 # ---------------------------------------------------------------------- worker processes
 def _pin(gpu: str) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    """Pin to GPU `gpu` ("0", "1": indices among the GPUs the test process sees, so a harness started with
+    CUDA_VISIBLE_DEVICES=2 puts its workers on physical GPU 2, not on GPU 0 beside another job)."""
+    seen = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(seen[int(g)] if seen else g for g in gpu.split(","))
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
