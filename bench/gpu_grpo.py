@@ -154,6 +154,18 @@ def train_argv(a: argparse.Namespace, c: dict[str, Any], model_dir: str, run_nam
     return argv + shlex.split(a.extra)
 
 
+def visible_devices() -> list[str]:
+    """The GPUs this script was given (its CUDA_VISIBLE_DEVICES: indices or UUIDs), [] where it is unset."""
+    return [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
+def physical(gpus: list[int]) -> list[str]:
+    """Device ids of the runs' GPU numbers (0, 1, ... among those this script was given): a bench started with
+    CUDA_VISIBLE_DEVICES=3 runs on GPU 3, not on GPU 0 beside whatever else the host runs."""
+    seen = visible_devices()
+    return [seen[g] if seen else str(g) for g in gpus]
+
+
 def gpu_env(gpus: list[int]) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -161,7 +173,7 @@ def gpu_env(gpus: list[int]) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
         TOKENIZERS_PARALLELISM="false",
         RAY_DEDUP_LOGS="0",
-        CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)),
+        CUDA_VISIBLE_DEVICES=",".join(physical(gpus)),
     )
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     env.setdefault("NCCL_CUMEM_ENABLE", "0")
@@ -177,13 +189,14 @@ class PeakMemory:
 
     def __init__(self, gpus: list[int], every_s: float = 0.5) -> None:
         self.gpus, self.every_s, self.peak = gpus, every_s, {g: 0.0 for g in gpus}
+        self.device = dict(zip(physical(gpus), gpus))  # nvidia-smi's index or UUID -> the run's GPU number
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
         try:
             out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                ["nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"],
                 capture_output=True,
                 text=True,
                 timeout=10,
@@ -191,9 +204,12 @@ class PeakMemory:
         except (OSError, subprocess.TimeoutExpired):
             return
         for line in out.splitlines():
-            idx, _, used = line.partition(",")
-            if idx.strip().isdigit() and int(idx) in self.peak:
-                self.peak[int(idx)] = max(self.peak[int(idx)], float(used) / 1024)
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != 3:
+                continue
+            g = self.device.get(parts[0], self.device.get(parts[1]))
+            if g is not None:
+                self.peak[g] = max(self.peak[g], float(parts[2]) / 1024)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -266,9 +282,14 @@ def tail(path: Path, n: int = 25) -> list[str]:
 def gpu_names() -> list[str]:
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
-        return [l.strip() for l in out.stdout.splitlines() if l.strip()]
+        rows = [[p.strip() for p in l.split(",", 2)] for l in out.stdout.splitlines() if l.count(",") >= 2]
+        seen = visible_devices()  # only the GPUs this script was given
+        return [name for idx, uuid, name in rows if not seen or idx in seen or uuid in seen]
     except (OSError, subprocess.TimeoutExpired):
         return []
 

@@ -1,0 +1,86 @@
+"""GPU numbers in the GPU bench and the GPU test harness are indices among the GPUs the process was given
+(CUDA_VISIBLE_DEVICES), so jobs started side by side on one host with different CUDA_VISIBLE_DEVICES stay on their
+own GPUs. Before, both pinned their children to physical GPU 0 and 1: a bench given GPU 3 ran (and measured its
+memory) on GPU 0 beside another job. CPU only: nothing here touches a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import gpu_grpo
+
+    return gpu_grpo
+
+
+@pytest.mark.parametrize(
+    "visible, gpus, expect",
+    [
+        (None, [0], ["0"]),
+        (None, [0, 1], ["0", "1"]),
+        ("3", [0], ["3"]),
+        ("2,3", [0, 1], ["2", "3"]),
+        ("2, 3", [1], ["3"]),
+        ("GPU-aaa,GPU-bbb", [1], ["GPU-bbb"]),
+    ],
+)
+def test_bench_runs_use_the_gpus_it_was_given(bench, monkeypatch, visible, gpus, expect) -> None:
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert bench.physical(gpus) == expect
+    assert bench.gpu_env(gpus)["CUDA_VISIBLE_DEVICES"] == ",".join(expect)
+
+
+def test_peak_memory_samples_the_runs_own_gpu(bench, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    smi = "0, GPU-a, 60000\n1, GPU-b, 100\n2, GPU-c, 100\n3, GPU-d, 20480\n"
+    monkeypatch.setattr(
+        bench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=smi, stderr="")
+    )
+    mem = bench.PeakMemory([0])
+    mem._sample()
+    assert mem.result() == {"0": 20.0}  # GPU 3's 20 GiB, keyed by the run's GPU number; not GPU 0's 58.6 GiB
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-b")
+    mem = bench.PeakMemory([0])
+    mem._sample()
+    assert mem.result() == {"0": round(100 / 1024, 2)}
+
+
+def test_gpu_names_lists_only_the_given_gpus(bench, monkeypatch) -> None:
+    smi = "0, GPU-a, NVIDIA H100 80GB HBM3\n1, GPU-b, NVIDIA H200\n"
+    monkeypatch.setattr(
+        bench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=smi, stderr="")
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert bench.gpu_names() == ["NVIDIA H200"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert bench.gpu_names() == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+
+
+@pytest.mark.parametrize(
+    "visible, gpu, expect", [(None, "1", "1"), ("2", "0", "2"), ("4,5", "1", "5"), ("4,5", "0,1", "4,5")]
+)
+def test_gpu_test_workers_pin_within_the_given_gpus(visible, gpu, expect) -> None:
+    """tests/gpu/gpu_helpers._pin runs in each spawned worker: run it in a fresh interpreter, as there."""
+    env = {"PATH": "/usr/bin:/bin"}
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    code = (
+        f"import sys, os; sys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r}); from gpu_helpers import _pin; "
+        f"_pin({gpu!r}); print(os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == expect
