@@ -123,6 +123,11 @@ class RolloutConfig:
     """vLLM's longest sequence. 0: max prompt + max new tokens, or `env.max_total_tokens` where episodes run
     (`env.name` set, or a built-in task whose rows name an environment); capped by the model's positions. Set it
     for your own data whose `env` column routes rows to an environment."""
+    vllm_staged_sync: bool = False
+    """NCCL weight syncs (engines on their own GPUs): receive the new weights into a staging copy while the engine
+    goes on generating, then load them in one short pause, instead of pausing generation for the whole transfer.
+    Costs one copy of the weights in free GPU memory beside vLLM (without it the sync pauses as usual, with a
+    warning); tensor-parallel size 1 only. Not yet measured on GPUs."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
     colocate_sleep: bool = True

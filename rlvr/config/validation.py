@@ -163,6 +163,21 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         "--rollout.active-sampling needs --rollout.filter-zero-variance True (it tops up filtered groups)",
     )
     _require(0 < r.vllm_gpu_memory_utilization <= 1, "--rollout.vllm-gpu-memory-utilization must be in (0, 1]")
+    if r.vllm_staged_sync:
+        staged_needs = (
+            ("--rollout.backend vllm", r.backend == "vllm"),
+            (
+                "--cluster.colocate False (colocated engines load CUDA IPC chunks, not an NCCL broadcast)",
+                not c.colocate,
+            ),
+            (f"--cluster.engine-tp 1 (got {c.engine_tp})", c.engine_tp == 1),
+            (
+                f"--learner.lora-rank 0 (got {lr.lora_rank}: adapters sync apart from vLLM's weight transfer)",
+                lr.lora_rank == 0,
+            ),
+        )
+        missing = [what for what, ok in staged_needs if not ok]
+        _require(not missing, "--rollout.vllm-staged-sync stages NCCL weight syncs; it needs " + "; ".join(missing))
     need = cfg.data.max_prompt_tokens + g.max_new_tokens
     _require(
         lr.pack_length >= need,

@@ -89,12 +89,13 @@ class WeightUpdater:
 
 def engine_sync_metrics(got: list[dict[str, float]]) -> dict[str, float]:
     """The slowest engine's load seconds (`sync/engine_load_s_max`) and phases (vLLM pause, transfer+load, finish,
-    total, receive: `sync/engine_<phase>_max`), where the receivers report them."""
+    total, receive; with the staged NCCL sync the background receive `stage_s` and the generation lost `paused_s`:
+    `sync/engine_<phase>_max`), where the receivers report them."""
     out: dict[str, float] = {}
     loads = [g["sync/load_s"] for g in got if "sync/load_s" in g]
     if loads:
         out["sync/engine_load_s_max"] = max(loads)
-    for key in ("pause_s", "receive_load_s", "finish_s", "engine_total_s", "receive_s"):
+    for key in ("pause_s", "receive_load_s", "finish_s", "engine_total_s", "receive_s", "stage_s", "paused_s"):
         vals = [g[f"sync/{key}"] for g in got if f"sync/{key}" in g]
         if vals:
             out[f"sync/engine_{key.removeprefix('engine_')}_max"] = max(vals)

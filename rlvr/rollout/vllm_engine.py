@@ -60,6 +60,7 @@ from rlvr.types import FinishReason, PromptRequest, Sample
 from rlvr.types import SamplingParams as RlvrSamplingParams
 
 logger = logging.getLogger(__name__)
+STAGED_EXTENSION = "rlvr.rollout.vllm_staged.StagedNcclWorkerExtension"
 
 T = TypeVar("T")
 
@@ -118,6 +119,9 @@ class VLLMEngine(VLLMWeightUpdates):
         self._lora_request: Any = None  # what requests carry once an adapter is loaded (None: the base model)
         self._adapters = SharedMemoryAdapters(self.lora, model_path, f"e{engine_id}") if self.lora else None
         self.weight_transfer_backend = weight_transfer_backend or ("ipc" if colocate and not self.lora else "nccl")
+        # full-weight NCCL syncs received in the background, then loaded in one short pause (rlvr.rollout.vllm_staged)
+        self.staged_sync = cfg.rollout.vllm_staged_sync and self.weight_transfer_backend == "nccl" and not self.lora
+        self._staged_fallback_logged = False
         self.sleep_enabled = (
             (colocate and cfg.rollout.colocate_sleep) if enable_sleep_mode is None else enable_sleep_mode
         )
@@ -167,6 +171,7 @@ class VLLMEngine(VLLMWeightUpdates):
             disable_log_stats=True,  # our stat tap still receives scheduler stats (custom loggers enable them)
             distributed_executor_backend=distributed_executor_backend,
             **(vllm_engine_args(self.lora) if self.lora else {}),
+            **({"worker_extension_cls": STAGED_EXTENSION} if self.staged_sync else {}),
             **engine_kwargs,
         )
         if self.weight_transfer_backend == "ipc":

@@ -24,6 +24,7 @@ from rlvr.rollout.lora import ADAPTER_NAME
 
 logger = logging.getLogger("rlvr.rollout.vllm_engine")  # the engine's own log name, as before the split
 SETTLE_S = 0.02  # the most `_pause` waits for drained outputs (vLLM's own fixed settling sleep)
+STAGE_POLL_S = 0.005  # staged sync: how often the engine asks its workers whether the background receive is done
 T = TypeVar("T")
 
 LORA_ID = 1
@@ -119,6 +120,8 @@ class VLLMWeightUpdates:
         weight_metadata`), plus optional packed_buffer_size_bytes / packed_num_buffers equal to the sender's.
         """
         info = {**metadata, "packed": packed}
+        if self.staged_sync and packed:
+            return self._call(self._nccl_staged_update(info, version), timeout=timeout_s)
         return self._call(self._nccl_update(info, version), timeout=timeout_s)
 
     # ------------------------------------------------------------------ on the loop thread
@@ -247,6 +250,61 @@ class VLLMWeightUpdates:
             "sync/engine_total_s": time.perf_counter() - t0,
         }
 
+    async def _nccl_staged_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
+        """`--rollout.vllm-staged-sync`: the workers receive the broadcast into a staging copy while generation goes
+        on (`rlvr.rollout.vllm_staged`); then pause -> load the copy -> policy_version = version -> resume. A worker
+        without the free memory for the copy stages nothing, and this sync takes the paused path."""
+        from rlvr.rollout.vllm_staged import RPC_BEGIN, RPC_LOAD, RPC_POLL
+
+        t0 = time.perf_counter()
+        began = await self._guard(self._llm.collective_rpc(RPC_BEGIN, args=(info,)))
+        if not all(b.get("staged") for b in began):
+            if any(b.get("staged") for b in began):  # some workers are receiving: they must finish that
+                raise EngineError("staged sync: workers disagree on staging")  # TP 1 only, so unreachable
+            if not self._staged_fallback_logged:
+                self._staged_fallback_logged = True
+                need, free = max(b["need_bytes"] for b in began), min(b["free_bytes"] for b in began)
+                logger.warning(
+                    "engine %d: --rollout.vllm-staged-sync needs %.2f GB of free GPU memory beside vLLM for the "
+                    "staged copy, %.2f GB are free: this engine pauses for the whole transfer instead (lower "
+                    "--rollout.vllm-gpu-memory-utilization to stage)",
+                    self.engine_id,
+                    need / 1e9,
+                    free / 1e9,
+                )
+            return {**await self._nccl_update(info, version), "sync/staged": 0.0}
+        while True:
+            polls = await self._guard(self._llm.collective_rpc(RPC_POLL))
+            failed = [p["error"] for p in polls if p.get("error")]
+            if failed:
+                exc = EngineError(f"engine {self.engine_id}: staged weight receive failed: {failed[0]}")
+                self._fail(exc)
+                raise exc
+            if all(p.get("done") for p in polls):
+                break
+            await asyncio.sleep(STAGE_POLL_S)
+        t1 = time.perf_counter()
+        pause_s = await self._begin_update(transfer=False)
+        t2 = time.perf_counter()
+        try:
+            await self._llm.collective_rpc(RPC_LOAD)
+        except BaseException as exc:
+            self._fail(exc)
+            self._updating = False
+            raise
+        t3 = time.perf_counter()
+        out = await self._finish_update(version, transfer=False)
+        t4 = time.perf_counter()
+        return {
+            "sync/stage_s": t1 - t0,
+            "sync/pause_s": pause_s,
+            "sync/receive_load_s": t3 - t2,
+            **out,
+            "sync/paused_s": t4 - t1,
+            "sync/engine_total_s": t4 - t0,
+            "sync/staged": 1.0,
+        }
+
     async def _nccl_update(self, info: dict[str, Any], version: int) -> dict[str, float]:
         t0 = time.perf_counter()
         pause_s = await self._begin_update()
@@ -254,9 +312,11 @@ class VLLMWeightUpdates:
         await self._guard(self._update_chunk(info))
         t2 = time.perf_counter()
         out = await self._finish_update(version)
+        total = time.perf_counter() - t0
         return {
             "sync/pause_s": pause_s,
             "sync/receive_load_s": t2 - t1,
             **out,
-            "sync/engine_total_s": time.perf_counter() - t0,
+            "sync/paused_s": total,  # generation stops for the whole update
+            "sync/engine_total_s": total,
         }

@@ -55,6 +55,7 @@ def make_cfg(
     inflight_updates: bool = True,
     colocate: bool = False,
     gpu_memory_utilization: float = 0.25,
+    staged: bool = False,
 ) -> Any:
     from rlvr.config import ExperimentConfig
 
@@ -63,6 +64,7 @@ def make_cfg(
     cfg.rollout.vllm_gpu_memory_utilization = gpu_memory_utilization
     cfg.rollout.vllm_enforce_eager = True  # no CUDA-graph capture: faster start, and these tests time nothing
     cfg.rollout.inflight_updates = inflight_updates
+    cfg.rollout.vllm_staged_sync = staged  # NCCL syncs received in the background (rlvr.rollout.vllm_staged)
     cfg.cluster.colocate = colocate
     cfg.generation.max_new_tokens = max_new_tokens
     cfg.data.max_prompt_tokens = 64

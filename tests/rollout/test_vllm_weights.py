@@ -109,12 +109,13 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> type[FakeAsyncLLM]:
     return FakeAsyncLLM
 
 
-def make_engine(inflight: bool = True, lora_rank: int = 0, **kwargs: Any) -> Any:
+def make_engine(inflight: bool = True, lora_rank: int = 0, staged: bool = False, **kwargs: Any) -> Any:
     from rlvr.rollout.vllm_engine import VLLMEngine
 
     cfg = ExperimentConfig()
     cfg.rollout.backend = "vllm"
     cfg.rollout.inflight_updates = inflight
+    cfg.rollout.vllm_staged_sync = staged
     cfg.rollout.vllm_enable_prefix_caching = True
     cfg.learner.lora_rank = lora_rank
     return VLLMEngine("/nonexistent/model", 0, cfg=cfg, max_model_len=128, startup_timeout_s=30, **kwargs)
