@@ -110,7 +110,7 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
     """While active, nothing in this process replaces the SIGINT/SIGTERM handlers of `signals`, and they are
     installed again on exit. ray.init installs a Python SIGTERM handler that calls sys.exit at once, and its core
     worker an absl "failure signal handler" (C) that prints a stack and aborts the process on SIGTERM (seen: exit
-    -6 after a Ctrl-C); blocking the signals around ray.init does not help, because another thread may take the
+    -6 after a SIGTERM that landed during ray.init); blocking the signals around ray.init does not help, because another thread may take the
     signal and the main thread then runs whichever handler is installed at that moment."""
     if signals is None or threading.current_thread() is not threading.main_thread():
         yield  # only the main thread sets handlers (and StopSignals installs none elsewhere)
@@ -123,9 +123,19 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
             return signal.getsignal(sig)
         return original(sig, handler)
 
-    flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # read by Ray's core worker when the driver connects
+    # Ray's core worker installs absl's failure signal handler when the driver connects unless this is set. Ray reads
+    # it as `ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, a constant taken from the environment
+    # when ray is first imported, so setting the variable now is too late once ray is imported: set the constant.
+    flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
     old_flag = os.environ.get(flag)
     os.environ[flag] = "1"
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # no ray: nothing installs that handler
+        ray_constants = None
+    old_const = getattr(ray_constants, flag, None)
+    if ray_constants is not None:
+        setattr(ray_constants, flag, True)
     signal.signal = guarded  # type: ignore[assignment]
     try:
         yield
@@ -133,6 +143,8 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
         signal.signal = original
         for sig in sigs:  # re-installs Python's own C-level handler over anything set with sigaction
             original(sig, signal.getsignal(sig))
+        if ray_constants is not None:
+            setattr(ray_constants, flag, old_const)
         if old_flag is None:
             os.environ.pop(flag, None)
         else:
