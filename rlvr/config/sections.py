@@ -126,8 +126,8 @@ class RolloutConfig:
     vllm_staged_sync: bool = False
     """NCCL weight syncs (engines on their own GPUs): receive the new weights into a staging copy while the engine
     goes on generating, then load them in one short pause, instead of pausing generation for the whole transfer.
-    Costs one copy of the weights in free GPU memory beside vLLM (without it the sync pauses as usual, with a
-    warning); tensor-parallel size 1 only. Not yet measured on GPUs."""
+    Costs one copy of the weights in free GPU memory beside vLLM (without it the sync pauses as usual: a warning
+    once, and `sync/engine_staged_min` 0 in the metrics); tensor-parallel size 1 only. Not yet measured on GPUs."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
     colocate_sleep: bool = True

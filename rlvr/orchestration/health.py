@@ -129,10 +129,11 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
     flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
     old_flag = os.environ.get(flag)
     os.environ[flag] = "1"
+    ray_constants: Any = None  # no ray: nothing installs that handler
     try:
         from ray._private import ray_constants
-    except ImportError:  # no ray: nothing installs that handler
-        ray_constants = None
+    except ImportError:
+        pass
     old_const = getattr(ray_constants, flag, None)
     if ray_constants is not None:
         setattr(ray_constants, flag, True)

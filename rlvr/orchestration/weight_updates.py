@@ -99,4 +99,7 @@ def engine_sync_metrics(got: list[dict[str, float]]) -> dict[str, float]:
         vals = [g[f"sync/{key}"] for g in got if f"sync/{key}" in g]
         if vals:
             out[f"sync/engine_{key.removeprefix('engine_')}_max"] = max(vals)
+    staged = [g["sync/staged"] for g in got if "sync/staged" in g]
+    if staged:  # --rollout.vllm-staged-sync: 0 where an engine had no room for the copy and paused instead
+        out["sync/engine_staged_min"] = min(staged)
     return out

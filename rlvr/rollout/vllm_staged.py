@@ -14,8 +14,9 @@ vllm_weights`) calls its methods through `AsyncLLM.collective_rpc`, each between
 Invariants:
 - The receive is vLLM's own packed consumer (`packed_nccl_broadcast_consumer`, the same buckets as the sender's
   producer) with a loader that keeps each bucket's tensors (views into its buffer) instead of loading them, on the
-  NCCL group vLLM's weight-transfer engine built. The model's weights are untouched until `rlvr_stage_load`, so a
-  receive that fails leaves the engine serving the old weights.
+  NCCL group vLLM's weight-transfer engine built. The model's weights are untouched until `rlvr_stage_load`; a
+  receive that fails (or outlasts the engine's deadline) still marks the engine failed, as any failed sync does, since
+  the NCCL group may be left mid-collective.
 - The background thread waits for its side streams before it reports done, and the load waits for its own copies
   before the staging buffers are released, so no buffer is reused while a kernel still reads it.
 - Engines of tensor-parallel size 1 only (validation): the engine's own collectives would otherwise run beside the
@@ -85,6 +86,7 @@ class StagedReceive:
                     torch.cuda.synchronize(device)  # the consumer's side streams: every bucket is in memory
             except BaseException as exc:  # the thread's boundary: reported by poll / take
                 self._error = exc
+                self._buckets = []  # a partial copy is never loaded: release it now
             finally:
                 self._seconds = time.perf_counter() - t0
                 self._done.set()
@@ -114,6 +116,12 @@ class StagedReceive:
         return buckets
 
 
+def _free_bytes(device: torch.device) -> int:
+    """GPU memory the staged copy can take: free on the device plus what this process's allocator holds unused."""
+    free = torch.cuda.mem_get_info(device)[0]
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
 def _consumer() -> Callable[..., None]:
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_consumer
 
@@ -135,8 +143,11 @@ class StagedNcclWorkerExtension:
         if group is None:
             raise RuntimeError("staged sync: the NCCL weight-transfer group is not initialised")
         device: torch.device = self.device  # type: ignore[attr-defined]
+        stage = self._rlvr_stage()
+        if stage.active:  # checked before the memory: a receive still running holds its buffers
+            raise RuntimeError("staged sync: the previous receive was never loaded (a stuck broadcast?)")
         need = staged_bytes(info)
-        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else need + HEADROOM_BYTES
+        free = _free_bytes(device) if device.type == "cuda" else need + HEADROOM_BYTES
         if need + HEADROOM_BYTES > free:
             return {"staged": False, "need_bytes": need, "free_bytes": free}
         consume = _consumer()
@@ -156,7 +167,7 @@ class StagedNcclWorkerExtension:
                 device=device,
             )
 
-        self._rlvr_stage().begin(receive, device)
+        stage.begin(receive, device)
         return {"staged": True, "need_bytes": need, "free_bytes": free}
 
     def rlvr_stage_poll(self) -> dict[str, Any]:
@@ -180,4 +191,8 @@ class StagedNcclWorkerExtension:
         if device.type == "cuda":
             torch.cuda.current_stream(device).synchronize()  # the copies out of the staging buffers are done
         del buckets
+        if device.type == "cuda":
+            # the buffers were allocated on the consumer's side streams, which the next sync does not get back: cached
+            # blocks of those streams would stay unusable and never count as free, so hand them back to the driver
+            torch.cuda.empty_cache()
         return {"seconds": time.perf_counter() - t0}

@@ -273,9 +273,12 @@ class VLLMWeightUpdates:
                     free / 1e9,
                 )
             return {**await self._nccl_update(info, version), "sync/staged": 0.0}
+        deadline = time.monotonic() + self.cfg.cluster.actor_timeout_s
         while True:
             polls = await self._guard(self._llm.collective_rpc(RPC_POLL))
             failed = [p["error"] for p in polls if p.get("error")]
+            if not failed and time.monotonic() > deadline:  # the learner died mid-broadcast: NCCL never returns
+                failed = [f"not finished after --cluster.actor-timeout-s {self.cfg.cluster.actor_timeout_s:g}"]
             if failed:
                 exc = EngineError(f"engine {self.engine_id}: staged weight receive failed: {failed[0]}")
                 self._fail(exc)

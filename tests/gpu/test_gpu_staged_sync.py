@@ -48,18 +48,20 @@ def test_staged_sync_lands_while_requests_decode(tmp_path, gpus) -> None:
             assert time.monotonic() < deadline, "requests never started"
             time.sleep(0.05)
         time.sleep(0.2)
-        engine.send("receive_weights_nccl", info, version + 1)
-        sent = trainer.call("send_nccl", timeout=300)
-        got = engine.result(300)
-        print(json.dumps({"check": "staged nccl sync", **{k: round(v, 5) for k, v in {**sent, **got}.items()}}))
-        assert got["sync/staged"] == 1.0, "the engine fell back to the paused path (no free memory for the copy?)"
-        assert got["sync/paused_s"] < got["sync/engine_total_s"]
+        for k in range(3):  # every sync stages: the buffers of one sync must not crowd out the next one's copy
+            engine.send("receive_weights_nccl", info, version + 1 + k)
+            sent = trainer.call("send_nccl", timeout=300)
+            got = engine.result(300)
+            print(
+                json.dumps({"check": f"staged nccl sync {k}", **{k: round(v, 5) for k, v in {**sent, **got}.items()}})
+            )
+            assert got["sync/staged"] == 1.0, f"sync {k} fell back to the paused path (no free memory for the copy?)"
         samples, deadline = [], time.monotonic() + 120
         while len(samples) < 8:
             assert time.monotonic() < deadline, f"only {len(samples)} of 8 samples finished"
             samples += engine.call("poll")
             time.sleep(0.1)
-        assert all(s.version_start == version and s.version_end == version + 1 for s in samples)
+        assert all(s.version_start == version and s.version_end == version + 3 for s in samples)
         assert all(len(s.completion_token_ids) == LONG for s in samples)
         after = [engine.call("score", p, c) for p, c in pairs]
         flat = [abs(x - y) for u, v in zip(after, learner, strict=True) for x, y in zip(u, v, strict=True)]

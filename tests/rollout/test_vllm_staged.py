@@ -83,6 +83,8 @@ class FakeWorker(StagedNcclWorkerExtension):
         self._weight_update_active = False
 
     def start_weight_update(self) -> None:
+        if self._weight_update_active:  # as vLLM's worker
+            raise RuntimeError("start_weight_update called while a weight update is already active")
         self.log.append("start")
         self._weight_update_active = True
 
@@ -114,7 +116,7 @@ def test_worker_receives_in_the_background_and_loads_only_when_asked(consumer: F
     assert consumer.calls == [{"group": "the NCCL group", "src": 0, "size": 16, "num": 2, "device": worker.device}]
     assert worker.rlvr_stage_poll() == {"done": False, "error": "", "seconds": 0.0}
     assert worker.weight_transfer_engine.loaded == [] and worker.log == []  # the model is untouched meanwhile
-    with pytest.raises(RuntimeError, match="already staged"):
+    with pytest.raises(RuntimeError, match="never loaded"):
         worker.rlvr_stage_begin(INFO)  # one sync at a time
     consumer.release.set()
     assert _wait_done(worker)["error"] == ""
@@ -159,9 +161,26 @@ def test_a_failed_load_closes_vllms_update_session(consumer: FakeConsumer) -> No
 def test_no_room_for_the_copy_stages_nothing(consumer: FakeConsumer, monkeypatch: pytest.MonkeyPatch) -> None:
     worker = FakeWorker()
     worker.device = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (vllm_staged.HEADROOM_BYTES, 80 << 30))
+    monkeypatch.setattr(vllm_staged, "_free_bytes", lambda device: vllm_staged.HEADROOM_BYTES)
     assert worker.rlvr_stage_begin(INFO) == {"staged": False, "need_bytes": 38, "free_bytes": 1 << 30}
     assert consumer.calls == [] and not worker._rlvr_stage().active
+
+
+def test_free_memory_counts_what_the_allocator_holds_unused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a staged sync the buffers are back in torch's cache (or the driver's, after empty_cache): either way
+    the next sync can stage; counting only the driver's free memory made every later sync fall back."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 10 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 7 << 30)
+    assert vllm_staged._free_bytes(torch.device("cuda", 0)) == 5 << 30
+
+
+def test_a_receive_never_loaded_blocks_the_next_sync_before_the_memory_check(consumer: FakeConsumer) -> None:
+    worker = FakeWorker()
+    worker.rlvr_stage_begin(INFO)  # the broadcast never finishes (the learner died)
+    with pytest.raises(RuntimeError, match="never loaded"):
+        worker.rlvr_stage_begin(INFO)
+    consumer.release.set()
 
 
 def test_take_before_the_receive_finished_refuses() -> None:
@@ -180,6 +199,8 @@ class StagedLLM(FakeAsyncLLM):
     staged = True
     polls_pending = 2
     poll_error = ""
+    engine: Any = None
+    updating_during_polls: list[bool] = []
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: Any = None):
         self.rpcs.append((method, args))
@@ -187,6 +208,8 @@ class StagedLLM(FakeAsyncLLM):
         if method == RPC_BEGIN:
             return [{"staged": self.staged, "need_bytes": 38, "free_bytes": 10}]
         if method == RPC_POLL:
+            if StagedLLM.engine is not None:
+                StagedLLM.updating_during_polls.append(StagedLLM.engine._updating)
             StagedLLM.polls_pending -= 1
             return [{"done": self.polls_pending < 0, "error": self.poll_error, "seconds": 0.5}]
         assert method == RPC_LOAD
@@ -199,6 +222,7 @@ def staged_llm(fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(sys.modules["vllm.v1.engine.async_llm"], "AsyncLLM", StagedLLM)
     StagedLLM.staged, StagedLLM.polls_pending, StagedLLM.poll_error = True, 2, ""
+    StagedLLM.engine, StagedLLM.updating_during_polls = None, []
     return StagedLLM
 
 
@@ -217,9 +241,11 @@ def test_engine_generates_through_the_transfer_and_pauses_only_to_load(staged_ll
     from rlvr.weight_sync.transport import make_receiver
 
     engine = _staged_engine()
+    staged_llm.engine = engine
     try:
         receiver = make_receiver("nccl", engine, addr="10.0.0.1", port=1234, rank=1, world_size=2)
         out = receiver.receive(5, META)
+        assert staged_llm.updating_during_polls == [False] * 3  # prompts are admitted while the weights arrive
         polls = ["rpc " + RPC_POLL] * 3
         assert staged_llm.log == ["rpc " + RPC_BEGIN, *polls, "pause keep", "rpc " + RPC_LOAD, "resume"]
         assert engine._llm.rpcs[0] == (RPC_BEGIN, ({**META, "packed": True},))
@@ -256,12 +282,28 @@ def test_engine_fails_when_the_staged_receive_fails(staged_llm: type[StagedLLM])
         engine.shutdown()
 
 
+def test_engine_fails_when_the_receive_outlasts_the_actor_timeout(staged_llm: type[StagedLLM]) -> None:
+    staged_llm.polls_pending = 10**9  # the broadcast never completes
+    engine = _staged_engine()
+    engine.cfg.cluster.actor_timeout_s = 0.05
+    try:
+        with pytest.raises(EngineError, match="not finished after --cluster.actor-timeout-s"):
+            engine.receive_weights_nccl(META, 2)
+        assert "pause keep" not in staged_llm.log
+    finally:
+        engine.shutdown()
+
+
 def test_engine_sync_metrics_report_the_staged_phases() -> None:
     from rlvr.orchestration.weight_updates import engine_sync_metrics
 
-    got = [{"sync/stage_s": 0.4, "sync/paused_s": 0.05}, {"sync/stage_s": 0.6, "sync/paused_s": 0.03}]
+    got = [
+        {"sync/stage_s": 0.4, "sync/paused_s": 0.05, "sync/staged": 1.0},
+        {"sync/stage_s": 0.6, "sync/paused_s": 0.03, "sync/staged": 0.0},
+    ]
     out = engine_sync_metrics(got)
     assert out["sync/engine_stage_s_max"] == 0.6 and out["sync/engine_paused_s_max"] == 0.05
+    assert out["sync/engine_staged_min"] == 0.0  # one engine fell back to the paused path
 
 
 # ------------------------------------------------------------------ validation
