@@ -355,6 +355,13 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
                 "engine_receive_load_s_max": rnd(m("sync/engine_receive_load_s_max"), 4),
                 "engine_finish_s_max": rnd(m("sync/engine_finish_s_max"), 4),
                 "engine_total_s_max": rnd(m("sync/engine_total_s_max"), 4),
+                # generation lost per sync (the whole update, or only the load with --rollout.vllm-staged-sync),
+                # the background receive, and whether every engine staged (1) or some paused instead (0)
+                "engine_paused_s_max": rnd(m("sync/engine_paused_s_max"), 4),
+                "engine_stage_s_max": rnd(m("sync/engine_stage_s_max"), 4),
+                "engine_staged_min": rnd(min((r.get("sync/engine_staged_min", 1.0) for r in meas), default=1.0), 1)
+                if any("sync/engine_staged_min" in r for r in meas)
+                else None,
                 "gb": rnd(sync_bytes / 1e9, 3),
                 "cycle_gb_per_s": rnd(sync_bytes / 1e9 / sync, 2) if sync else None,
                 "send_gb_per_s": rnd(m("sync/gb_per_s"), 2),
@@ -372,6 +379,9 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
     last = steps[-1]
     out["prompts"] = {k.split("/", 1)[1]: last.get(k) for k in sorted(last) if k.startswith("data/prompts_")}
     out["step_walls_s"] = [round(w, 2) for w in walls]
+    ordered = sorted(walls)
+    p50, p90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
+    out["step_wall_p90_over_p50"] = rnd(p90 / p50, 3) if p50 > 0 else None  # issue 14 W2: <= 1.3
     out["train_s_per_step"] = [round(r["time/train"], 2) for r in steps]
     return out
 

@@ -1,7 +1,9 @@
-"""GPU numbers in the GPU bench and the GPU test harness are indices among the GPUs the process was given
+"""bench/gpu_grpo.py's helpers and the GPU test harness, on CPU (nothing here touches a GPU).
+
+GPU numbers in the GPU bench and the GPU test harness are indices among the GPUs the process was given
 (CUDA_VISIBLE_DEVICES), so jobs started side by side on one host with different CUDA_VISIBLE_DEVICES stay on their
 own GPUs. Before, both pinned their children to physical GPU 0 and 1: a bench given GPU 3 ran (and measured its
-memory) on GPU 0 beside another job. CPU only: nothing here touches a GPU."""
+memory) on GPU 0 beside another job. And the bench's one line per run carries issue 14's W2 figures."""
 
 from __future__ import annotations
 
@@ -84,3 +86,43 @@ def test_gpu_test_workers_pin_within_the_given_gpus(visible, gpu, expect) -> Non
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == expect
+
+
+def _step(i: int, t: float, **extra: float) -> dict[str, float]:
+    base = {
+        "step": i,
+        "time": t,
+        "time/step": 1.0,
+        "time/train": 0.5,
+        "time/generation": 0.4,
+        "time/wait_generation": 0.1,
+        "time/reward": 0.01,
+        "time/sync": 0.1,
+        "sync/bytes": 1e9,
+        "rollout/num_samples": 8,
+        "rollout/prompt_len_mean": 5,
+        "rollout/completion_len_mean": 10,
+    }
+    return {**base, **extra}
+
+
+def test_summary_reports_the_staged_sync_and_the_step_wall_spread(bench) -> None:
+    """bench/gpu_grpo.py's one line per run carries what issue 14's W2 asks: generation lost per sync, the staged
+    receive, whether every engine staged, and step wall p90/p50."""
+    c = {"gpus": 2, "async_steps": 1, "colocate": False, "learners": 1}
+    facts = {"N_matmul": 1e6, "L": 2, "d": 8, "vocab": 16}
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 12.0]  # 9 steps of 1 s, then one of 3 s
+    rows = [
+        _step(i, t, **{"sync/engine_paused_s_max": 0.05, "sync/engine_stage_s_max": 0.4, "sync/engine_staged_min": 1.0})
+        for i, t in enumerate(times)
+    ]
+    rows[-1]["sync/engine_staged_min"] = 0.0  # one sync fell back to the paused path
+    out = bench.summarize_run(rows, c, facts, None)
+    ws = out["weight_sync"]
+    assert ws["engine_paused_s_max"] == 0.05 and ws["engine_stage_s_max"] == 0.4 and ws["engine_staged_min"] == 0.0
+    assert out["step_wall_p90_over_p50"] == 1.0  # 9 of 10 walls are 1 s: p90 is still 1 s
+    rows = rows[:-1] + [dict(rows[-1], time=30.0)]  # the last step now takes 21 s
+    rows += [dict(rows[-1], step=11, time=52.0)]
+    assert bench.summarize_run(rows, c, facts, None)["step_wall_p90_over_p50"] == 21.0
+    plain = [_step(i, t) for i, t in enumerate(times)]
+    assert bench.summarize_run(plain, c, facts, None)["weight_sync"]["engine_staged_min"] is None
