@@ -123,20 +123,17 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
             return signal.getsignal(sig)
         return original(sig, handler)
 
-    # Ray's core worker installs absl's failure signal handler when the driver connects unless this is set. Ray reads
-    # it as `ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, a constant taken from the environment
-    # when ray is first imported, so setting the variable now is too late once ray is imported: set the constant.
-    flag = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
-    old_flag = os.environ.get(flag)
-    os.environ[flag] = "1"
+    # Ray's core worker installs absl's failure signal handler when the driver connects unless
+    # `ray._private.ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER` is true. That constant is read from the
+    # environment when ray is first imported, so setting the variable here would be too late: set the constant.
     ray_constants: Any = None  # no ray: nothing installs that handler
     try:
         from ray._private import ray_constants
     except ImportError:
         pass
-    old_const = getattr(ray_constants, flag, None)
+    old_const = getattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None)
     if ray_constants is not None:
-        setattr(ray_constants, flag, True)
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     signal.signal = guarded  # type: ignore[assignment]
     try:
         yield
@@ -145,11 +142,7 @@ def handlers_kept(signals: StopSignals | None) -> Iterator[None]:
         for sig in sigs:  # re-installs Python's own C-level handler over anything set with sigaction
             original(sig, signal.getsignal(sig))
         if ray_constants is not None:
-            setattr(ray_constants, flag, old_const)
-        if old_flag is None:
-            os.environ.pop(flag, None)
-        else:
-            os.environ[flag] = old_flag
+            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = old_const
 
 
 def skipped_steps_message(metrics: dict[str, float], limit: int) -> str:
