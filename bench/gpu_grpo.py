@@ -317,6 +317,7 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
     samples = m("rollout/num_samples")
     p_len, c_len = m("rollout/prompt_len_mean"), m("rollout/completion_len_mean")
     tokens = samples * (p_len + c_len)
+    staged = [r["sync/engine_staged_min"] for r in meas if "sync/engine_staged_min" in r]  # staged sync: 1, or 0
     gen, wait, reward, train, sync = (
         m("time/generation"),
         m("time/wait_generation"),
@@ -359,9 +360,7 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
                 # the background receive, and whether every engine staged (1) or some paused instead (0)
                 "engine_paused_s_max": rnd(m("sync/engine_paused_s_max"), 4),
                 "engine_stage_s_max": rnd(m("sync/engine_stage_s_max"), 4),
-                "engine_staged_min": rnd(min((r.get("sync/engine_staged_min", 1.0) for r in meas), default=1.0), 1)
-                if any("sync/engine_staged_min" in r for r in meas)
-                else None,
+                "engine_staged_min": min(staged) if staged else None,
                 "gb": rnd(sync_bytes / 1e9, 3),
                 "cycle_gb_per_s": rnd(sync_bytes / 1e9 / sync, 2) if sync else None,
                 "send_gb_per_s": rnd(m("sync/gb_per_s"), 2),
@@ -422,7 +421,7 @@ def run_config(
         "note": extra_note,
     }
     if a.dry_run:
-        rec["cmd"] = "CUDA_VISIBLE_DEVICES=%s RLVR_IGNORE_EOS=1 %s" % (",".join(map(str, gpus)), shlex.join(cmd))
+        rec["cmd"] = "CUDA_VISIBLE_DEVICES=%s RLVR_IGNORE_EOS=1 %s" % (",".join(physical(gpus)), shlex.join(cmd))
         rec["flags_ok"] = check_flags(argv)
         return rec
     res = run_guarded(cmd, gpu_env(gpus), timeout_s, out_dir / f"{run_name}.log", gpus)
@@ -666,7 +665,10 @@ def lane_trl(
     if a.dry_run:  # the spec is written, so the printed command runs by hand
         spec_path.write_text(json.dumps(spec))
         rec.update(dry_run=True, gpu=gpu, timeout_s=round(timeout_s))
-        rec["cmd"] = f"CUDA_VISIBLE_DEVICES={gpu} {shlex.join([sys.executable, str(script), '--spec', str(spec_path)])}"
+        rec["cmd"] = (
+            f"CUDA_VISIBLE_DEVICES={physical([gpu])[0]} "
+            f"{shlex.join([sys.executable, str(script), '--spec', str(spec_path)])}"
+        )
         try:
             w = trl_lane.workload(spec["argv"])
             rec.update(workload=w, grpo_config=trl_lane.grpo_config_kwargs(w, spec))

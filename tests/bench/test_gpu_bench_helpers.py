@@ -126,3 +126,31 @@ def test_summary_reports_the_staged_sync_and_the_step_wall_spread(bench) -> None
     assert bench.summarize_run(rows, c, facts, None)["step_wall_p90_over_p50"] == 21.0
     plain = [_step(i, t) for i, t in enumerate(times)]
     assert bench.summarize_run(plain, c, facts, None)["weight_sync"]["engine_staged_min"] is None
+
+
+def test_dry_run_prints_the_gpus_the_runs_would_use(tmp_path) -> None:
+    """The printed commands name the same GPUs the real runs get (gpu_env), within CUDA_VISIBLE_DEVICES."""
+    import json
+
+    env = {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": "2,3"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_grpo.py"),
+            "--dry-run",
+            "--configs",
+            "split2_async1",
+            "--lanes",
+            "none",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{") and '"kind": "rlvr"' in l]
+    assert runs and all(r["cmd"].startswith("CUDA_VISIBLE_DEVICES=2,3 ") for r in runs)
