@@ -16,8 +16,9 @@ need more GPUs than the machine has are reported as skipped. Extra lanes:
 - `trl` (issue 14): TRL's `GRPOTrainer` with vLLM colocate on the same model dir, prompts, prompt count, G,
   completion length (every completion runs to the limit: vLLM's ignore_eos) and bf16, with gradient checkpointing,
   beta 0, vLLM memory 0.35, 32 completions per micro-step and P*G/32 accumulation steps (`bench/trl_lane.py`, in its
-  own process on GPU 0 after the colocated rlvr runs; skipped with a message where trl is absent: install the `bench`
-  extra). The summary's `rlvr_trl_ratio` = rlvr colocate1 tokens/s/GPU / TRL tokens/s/GPU, same card, same run:
+  own process: on the last GPU beside the colocated rlvr runs on GPU 0 where the machine has >= 2 GPUs and no
+  standalone/learner lane takes that GPU, else on GPU 0 after them; skipped with a message where trl is absent:
+  install the `bench` extra). The summary's `rlvr_trl_ratio` = rlvr colocate1 tokens/s/GPU / TRL tokens/s/GPU, same card, same run:
 
     python3 bench/gpu_grpo.py --configs colocate1 --lanes trl --shape qwen2.5-0.5b --steps 6 --budget-s 560 \
         --run-timeout-s 290 --out $OUT
@@ -382,6 +383,37 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
     p50, p90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
     out["step_wall_p90_over_p50"] = rnd(p90 / p50, 3) if p50 > 0 else None  # issue 14 W2: <= 1.3
     out["train_s_per_step"] = [round(r["time/train"], 2) for r in steps]
+    out["gpu_time_share"] = gpu_time_share(
+        wall, train, sync, m("perf/engine_busy_frac"), m("sync/engine_paused_s_max"), c["colocate"]
+    )
+    return out
+
+
+def gpu_time_share(
+    wall: float, train: float, sync: float, busy: float, paused: float, colocate: bool
+) -> dict[str, Any] | None:
+    """Issue 14's scaling-table columns: the share of a step's wall each kind of GPU spends per activity.
+    learner GPUs: train, sync (the learner's side of the weight sync, `time/sync`), idle (the rest: waiting for
+    rollouts). engine GPUs: generating (requests in flight, `perf/engine_busy_frac`, less the generation lost to
+    the sync), sync (generation lost per sync: `sync/engine_paused_s_max`), idle. Colocated, both are the one GPU:
+    its shares can overlap (an awake engine generates while the learner trains), so the share in which neither
+    works lies between `shared_idle_min` (no overlap, as with sleep mode) and `shared_idle_max` (full overlap).
+    None without a step wall."""
+    if not wall or wall != wall:
+        return None
+    r3 = lambda x: None if x != x else round(max(0.0, min(1.0, x)), 3)  # noqa: E731  (nan -> None)
+    lrn = {"train": r3(train / wall), "sync": r3(sync / wall), "idle": r3(1 - (train + sync) / wall)}
+    if busy != busy:  # no engine counters (older run logs)
+        eng: dict[str, Any] = {"generating": None, "sync": r3(paused / wall), "idle": None}
+    else:
+        lost = 0.0 if paused != paused else paused / wall
+        eng = {"generating": r3(busy - lost), "sync": r3(lost), "idle": r3(1 - busy)}
+    out: dict[str, Any] = {"learner_gpu": lrn, "engine_gpu": eng}
+    if colocate:
+        out["shared_gpu"] = True
+        if busy == busy:
+            out["shared_idle_min"] = r3(1 - busy - (train + sync) / wall)
+            out["shared_idle_max"] = r3(1 - max(busy, (train + sync) / wall))
     return out
 
 
@@ -710,9 +742,12 @@ def lane_trl(
     emit(rec, jl)
 
 
-def trl_summary(base: dict[str, dict[str, Any]], trl: dict[str, Any] | None) -> dict[str, Any]:
-    """The summary's TRL keys: `trl.tokens_per_s_per_gpu` and `rlvr_trl_ratio` = rlvr's colocated tokens/s/GPU over
-    TRL's (None when either side has no figure), or `trl.skipped`."""
+def trl_summary(
+    base: dict[str, dict[str, Any]], trl: dict[str, Any] | None, results: dict[Any, Any] | None = None
+) -> dict[str, Any]:
+    """The summary's TRL keys: `trl.tokens_per_s_per_gpu` and `rlvr_trl_ratio` = rlvr's colocated tokens/s/GPU (the
+    preset as it is: the `base` run) over TRL's (None when either side has no figure), or `trl.skipped`; and
+    `rlvr_trl_ratio_by_run`: the same for every one-GPU rlvr run of `results` (CONFIG or CONFIG:TAG)."""
     if trl is None:
         return {}
     out: dict[str, Any] = {"trl.tokens_per_s_per_gpu": trl.get("tokens_per_s_per_gpu")}
@@ -723,6 +758,14 @@ def trl_summary(base: dict[str, dict[str, Any]], trl: dict[str, Any] | None) -> 
     trl_rate = trl.get("tokens_per_s_per_gpu")
     out["rlvr_trl_ratio"] = round(rlvr_rate / trl_rate, 3) if rlvr_rate and trl_rate else None
     out["rlvr_trl_ratio_config"] = name
+    by_run = {}
+    for key, r in (results or {}).items():
+        if isinstance(key, tuple) and r.get("gpus") == 1 and r.get("tokens_per_s_per_gpu") and trl_rate:
+            by_run[key[0] if key[1] == "base" else f"{key[0]}:{key[1]}"] = round(
+                r["tokens_per_s_per_gpu"] / trl_rate, 3
+            )
+    if by_run:
+        out["rlvr_trl_ratio_by_run"] = by_run
     return out
 
 
@@ -912,6 +955,15 @@ def main() -> int:
         lane_thread.start()
     order = sorted(runnable, key=lambda x: (not x[0]["colocate"], x[0]["gpus"]))
     trl_todo = "trl" in a.lanes
+    trl_thread = None
+    if trl_todo and num_gpus >= 2 and not a.serial and not parallel:  # TRL on the last GPU beside colocate1 on GPU 0
+        trl_thread = threading.Thread(
+            target=lane_trl,
+            daemon=True,
+            args=(a, num_gpus - 1, num_gpus, model_dir, card, min(a.trl_timeout_s, a.budget_s), out_dir, results),
+        )
+        trl_thread.start()
+        trl_todo = False
 
     def do_trl(runs_after: int) -> None:  # on GPU 0 after the colocated runs, before the multi-GPU ones
         left = deadline - time.time()
@@ -928,9 +980,14 @@ def main() -> int:
         if lane_thread is not None:  # multi-GPU runs need the side GPU back
             lane_thread.join()
             lane_thread = None
+        if trl_thread is not None:
+            trl_thread.join()
+            trl_thread = None
         do_run(c, tag, flags, list(range(c["gpus"])), len(order) - i)
     if trl_todo:
         do_trl(0)
+    if trl_thread is not None:
+        trl_thread.join()
     if lane_thread is not None:
         lane_thread.join()
     if not parallel and side_lanes and num_gpus >= 1:
@@ -978,7 +1035,7 @@ def main() -> int:
                 jl,
             )
             summary[f"{name}:{tag}.sync_cycle_s"] = (r.get("weight_sync") or {}).get("cycle_s")
-    summary.update(trl_summary(base, results.get("trl")))
+    summary.update(trl_summary(base, results.get("trl"), results))
     lb = [r for r in results.get("learner", []) if r.get("kind") == "learner_microbench" and "mfu" in r]
     if lb:
         summary["learner_microbench_mfu"] = {r["variant"]: r["mfu"] for r in lb}

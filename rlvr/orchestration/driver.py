@@ -108,6 +108,7 @@ class Trainer:
         self.saved_step = -1  # the step of the last checkpoint written or restored
         self.engine_restarts = 0
         self.watch = EngineWatch(len(actors.engines), cfg.cluster.heartbeat_timeout_s)
+        self._busy_snaps: dict[int, tuple[float, float]] = {}  # engine -> (busy_s, uptime_s) at the last step
 
     # ------------------------------------------------------------------ the step
     def train_step(self) -> dict[str, float] | None:
@@ -198,7 +199,30 @@ class Trainer:
     def _throughput(self, groups: list[Group], wall: float) -> dict[str, float]:
         per_s = sum(s.num_tokens for g in groups for s in g.samples) / wall
         workers = len(self.actors.learners) + len(self.actors.engines)
-        return {"time/step": wall, "perf/tokens_per_s": per_s, "perf/tokens_per_s_per_worker": per_s / workers}
+        out = {"time/step": wall, "perf/tokens_per_s": per_s, "perf/tokens_per_s_per_worker": per_s / workers}
+        return {**out, **self._engine_busy()}
+
+    def _engine_busy(self) -> dict[str, float]:
+        """`perf/engine_busy_frac`: the share of its time since the previous step that each engine had requests in
+        flight (generating, or paused for a weight update with requests held), mean over engines. From each engine's
+        own `busy_s` and `uptime_s` counters; an engine that was replaced (its uptime went back) or does not answer
+        within the heartbeat timeout is left out until the next step (its failure is the health check's to handle)."""
+        snaps: dict[int, tuple[float, float]] = {}
+        fracs = []
+        refs = [e.stats.remote() for e in self.actors.engines]
+        for i, ref in enumerate(refs):
+            try:
+                st = engine_get(ref, i, self.cfg.cluster.heartbeat_timeout_s)
+            except Exception as e:  # the next collect's health check replaces a failed engine
+                logger.debug("engine %d stats for perf/engine_busy_frac: %s", i, e)
+                continue
+            now = (float(st.get("busy_s", 0.0)), float(st.get("uptime_s", 0.0)))
+            snaps[i] = now
+            prev = self._busy_snaps.get(i)
+            if prev is not None and now[1] > prev[1] and now[0] >= prev[0]:
+                fracs.append(min(1.0, (now[0] - prev[0]) / (now[1] - prev[1])))
+        self._busy_snaps = snaps
+        return {"perf/engine_busy_frac": sum(fracs) / len(fracs)} if fracs else {}
 
     def _eval_after_step(self) -> dict[str, float]:
         cfg = self.cfg.eval

@@ -80,19 +80,29 @@ def test_trl_lane_config_is_rlvr_colocate1_workload(tmp_path: Path, flags: tuple
     assert cfg["per_device_train_batch_size"] == micro and cfg["gradient_accumulation_steps"] == accum
     assert micro * accum == P * G  # one optimizer step = one generation of P prompts x G samples
     assert cfg["bf16"] is True and cfg["beta"] == 0.0
-    assert cfg["gradient_checkpointing"] is True and rlvr["flags_ok"]["gc"] is True
+    assert cfg["gradient_checkpointing"] is True  # as TRL users run it; rlvr's preset takes its fast path
     assert cfg["use_vllm"] is True and cfg["vllm_mode"] == "colocate" and cfg["vllm_gpu_memory_utilization"] == 0.35
     assert cfg["generation_kwargs"] == {"ignore_eos": True}  # completions run to M, as RLVR_IGNORE_EOS=1 does
     assert cfg["vllm_max_model_length"] == w["max_prompt_tokens"] + M
     assert (cfg["temperature"], cfg["top_p"], cfg["top_k"]) == (w["temperature"], w["top_p"], w["top_k"])
     assert cfg["learning_rate"] == w["lr"] and cfg["report_to"] == "none"
-    assert trl["gpu"] == 0 and "trl_lane.py --spec" in trl["cmd"]
+    assert trl["gpu"] == 1 and "trl_lane.py --spec" in trl["cmd"]  # beside colocate1 on GPU 0 (dry run: 2 GPUs)
     assert summary["rlvr_trl_ratio"] is None and summary["rlvr_trl_ratio_config"] == "colocate1"
     if _trl_installed():
         assert "skipped" not in trl and "trl.skipped" not in summary
     else:
         assert "trl is not installed" in trl["skipped"] and ".[bench]" in trl["skipped"]
         assert summary["trl.skipped"] == trl["skipped"]
+
+
+def test_trl_lane_runs_on_gpu_0_after_colocate1_when_serial(tmp_path: Path) -> None:
+    """--serial (or one GPU, or a standalone/learner lane on the last GPU): TRL waits for the rlvr runs on GPU 0."""
+    for name, lanes in (("serial", ["--lanes", "trl", "--serial"]), ("side_lane", ["--lanes", "trl,learner"])):
+        out = tmp_path / name
+        proc = _dry_run(out, "--configs", "colocate1", "--steps", "6", *lanes)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        trl = next(l for l in _lines(out) if l["kind"] == "trl")
+        assert trl["gpu"] == 0, (name, trl["gpu"])
 
 
 def test_trl_lane_overrides_and_dtype_reach_the_config(tmp_path: Path) -> None:
@@ -236,6 +246,14 @@ def test_trl_step_lines_give_tokens_per_s_like_the_rlvr_lane(bench: Any) -> None
     summary = bench.trl_summary({"colocate1": {"tokens_per_s_per_gpu": rate}}, trl)
     assert summary["rlvr_trl_ratio"] == 1.5 and summary["trl.tokens_per_s_per_gpu"] == out["tokens_per_s_per_gpu"]
     assert bench.trl_summary({}, trl)["rlvr_trl_ratio"] is None  # no rlvr colocated run: no ratio
+    results = {  # every one-GPU run gets its own ratio; multi-GPU runs and runs without a figure none
+        ("colocate1", "base"): {"gpus": 1, "tokens_per_s_per_gpu": rate},
+        ("colocate1", "awake"): {"gpus": 1, "tokens_per_s_per_gpu": 2 * rate},
+        ("colocate1", "crashed"): {"gpus": 1},
+        ("split2_async1", "base"): {"gpus": 2, "tokens_per_s_per_gpu": rate},
+    }
+    by_run = bench.trl_summary({"colocate1": results[("colocate1", "base")]}, trl, results)["rlvr_trl_ratio_by_run"]
+    assert by_run == {"colocate1": 1.5, "colocate1:awake": 3.0}
     assert bench.trl_summary({"colocate1": {}}, None) == {}
 
 

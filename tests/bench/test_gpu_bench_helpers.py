@@ -154,3 +154,18 @@ def test_dry_run_prints_the_gpus_the_runs_would_use(tmp_path) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     runs = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{") and '"kind": "rlvr"' in l]
     assert runs and all(r["cmd"].startswith("CUDA_VISIBLE_DEVICES=2,3 ") for r in runs)
+
+
+def test_gpu_time_share_splits_each_gpu_kind_s_step(bench: Any) -> None:
+    """Issue 14's scaling-table columns: learner GPUs train / sync / idle, engine GPUs generating / sync / idle."""
+    split = bench.gpu_time_share(5.0, 2.0, 0.3, 0.9, 0.2, False)
+    assert split["learner_gpu"] == {"train": 0.4, "sync": 0.06, "idle": 0.54}
+    assert split["engine_gpu"] == {"generating": 0.86, "sync": 0.04, "idle": 0.1}
+    assert "shared_gpu" not in split
+    # colocated with sleep mode: engine busy 40 %, learner 50 %: neither works in 10 % (no overlap) .. 50 % (full)
+    colo = bench.gpu_time_share(10.0, 4.5, 0.5, 0.4, float("nan"), True)
+    assert colo["shared_gpu"] and colo["shared_idle_min"] == 0.1 and colo["shared_idle_max"] == 0.5
+    assert colo["engine_gpu"] == {"generating": 0.4, "sync": 0.0, "idle": 0.6}
+    old = bench.gpu_time_share(10.0, 4.5, 0.5, float("nan"), 0.1, False)  # a run log without engine counters
+    assert old["engine_gpu"] == {"generating": None, "sync": 0.01, "idle": None}
+    assert bench.gpu_time_share(float("nan"), 1.0, 0.1, 0.5, 0.1, False) is None

@@ -40,7 +40,13 @@ def test_data_running_out_still_writes_the_last_eval_and_the_final_checkpoint(tm
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in records]
+    # each engine's share of the step spent generating: from the second trained step on (a delta of its counters);
+    # 0 is possible once the data has run out, but the engine was busy in some step
+    busy = {r["step"]: r.get("perf/engine_busy_frac") for r in records if "time/train" in r}
+    later = [busy[s] for s in busy if s > 1]
+    assert busy[1] is None and all(0.0 <= b <= 1.0 for b in later) and max(later) > 0, busy
     last = max(steps)
     assert 0 < last < 50 and "training data exhausted" in (run / "events.log").read_text()
     evals = [json.loads(line)["step"] for line in (run / "eval.jsonl").read_text().splitlines() if line.strip()]
