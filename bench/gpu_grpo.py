@@ -16,8 +16,8 @@ need more GPUs than the machine has are reported as skipped. Extra lanes:
 - `trl` (issue 14): TRL's `GRPOTrainer` with vLLM colocate on the same model dir, prompts, prompt count, G,
   completion length (every completion runs to the limit: vLLM's ignore_eos) and bf16, with gradient checkpointing,
   beta 0, vLLM memory 0.35, 32 completions per micro-step and P*G/32 accumulation steps (`bench/trl_lane.py`, in its
-  own process: on the last GPU beside the colocated rlvr runs on GPU 0 where the machine has >= 2 GPUs and no
-  standalone/learner lane takes that GPU, else on GPU 0 after them; skipped with a message where trl is absent:
+  own process, beside the colocated rlvr runs on GPU 0: on the last GPU, or the one before it where the
+  standalone/learner lane takes the last (>= 3 GPUs); with --serial or too few GPUs on GPU 0 after them; skipped with a message where trl is absent:
   install the `bench` extra). The summary's `rlvr_trl_ratio` = rlvr colocate1 tokens/s/GPU / TRL tokens/s/GPU, same card, same run:
 
     python3 bench/gpu_grpo.py --configs colocate1 --lanes trl --shape qwen2.5-0.5b --steps 6 --budget-s 560 \
@@ -343,6 +343,7 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
                 "reward": rnd(reward, 3),
                 "logprob_recompute": "inside train (one optimizer step per batch: l_old = stopgrad)",
                 "train": rnd(train, 3),
+                "engine_sleep_inside_train": rnd(m("time/engine_sleep"), 3),
                 "sync_cycle": rnd(sync, 3),
                 "learner_idle": rnd(max(0.0, wall - train - sync), 3),
                 # engines wait through train + sync when nothing runs ahead (async0) or they sleep (colocated)
@@ -362,6 +363,12 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
                 "engine_paused_s_max": rnd(m("sync/engine_paused_s_max"), 4),
                 "engine_stage_s_max": rnd(m("sync/engine_stage_s_max"), 4),
                 "engine_staged_min": min(staged) if staged else None,
+                # the driver's wall per phase: engines paused for the session, learner send, engine receive,
+                # and (colocated with sleep) the two wake-ups
+                "wall_begin_s": rnd(m("sync/wall_begin_s"), 4),
+                "wall_send_s": rnd(m("sync/wall_send_s"), 4),
+                "wall_receive_s": rnd(m("sync/wall_receive_s"), 4),
+                "wall_wake_s": rnd(m("sync/wall_wake_s"), 4),
                 "gb": rnd(sync_bytes / 1e9, 3),
                 "cycle_gb_per_s": rnd(sync_bytes / 1e9 / sync, 2) if sync else None,
                 "send_gb_per_s": rnd(m("sync/gb_per_s"), 2),
@@ -877,7 +884,7 @@ def main() -> int:
             for c in configs
         ]
     names = gpu_names()
-    num_gpus = len(names) if names else (0 if not a.dry_run else 2)
+    num_gpus = len(names) if names else (0 if not a.dry_run else max(2, len(visible_devices())))  # dry run: as given
     card = names[0] if names else "unknown"
     peak = peak_for(card)
     model_dir = a.model_dir or f"/tmp/rlvr-bench-model-{a.shape}"
@@ -956,11 +963,13 @@ def main() -> int:
     order = sorted(runnable, key=lambda x: (not x[0]["colocate"], x[0]["gpus"]))
     trl_todo = "trl" in a.lanes
     trl_thread = None
-    if trl_todo and num_gpus >= 2 and not a.serial and not parallel:  # TRL on the last GPU beside colocate1 on GPU 0
+    if trl_todo and not a.serial and (num_gpus >= 3 or (num_gpus == 2 and not parallel)):
+        # TRL beside colocate1 on GPU 0: on the last GPU, or the one before it where the side lane takes the last
+        trl_gpu = num_gpus - 2 if parallel else num_gpus - 1
         trl_thread = threading.Thread(
             target=lane_trl,
             daemon=True,
-            args=(a, num_gpus - 1, num_gpus, model_dir, card, min(a.trl_timeout_s, a.budget_s), out_dir, results),
+            args=(a, trl_gpu, num_gpus, model_dir, card, min(a.trl_timeout_s, a.budget_s), out_dir, results),
         )
         trl_thread.start()
         trl_todo = False

@@ -138,9 +138,11 @@ class Trainer:
     def _train(self, per_rank: list[list[PackedBatch]]) -> dict[str, float]:
         """Every rank trains on its batches: one policy version; metrics of all ranks, each reduced by its type."""
         t0 = time.perf_counter()
+        slept: dict[str, float] = {}
         if self.weights.colocated and self.cfg.rollout.colocate_sleep:  # give the learner the GPU memory
             self.evals.finish()  # asleep, the engines could not finish an overlapped eval
             self.weights.sleep_engines()
+            slept["time/engine_sleep"] = time.perf_counter() - t0  # inside time/train
         self.faults.before_train(self.step + 1, self.actors)
         refs = [lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)]
         deadline = time.time() + self.timeout  # one actor timeout for the learners, pump included
@@ -150,7 +152,7 @@ class Trainer:
         self.collector.advance()
         if failure is not None:  # met while the learners trained: replaced now, synced to the new weights
             self._replace_engine(failure)
-        return {**reduce_all(outs), "time/train": time.perf_counter() - t0, **turns}
+        return {**reduce_all(outs), "time/train": time.perf_counter() - t0, **slept, **turns}
 
     def _advance_episodes_until(self, refs: list[Any], deadline: float) -> tuple[dict[str, float], Any]:
         """While the learners train: episodes take their next turns (tool answers in, next turns submitted, finished

@@ -13,6 +13,7 @@ learner that dies or hangs becomes a `LearnerFailure`. Every `ray.get` has the a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -50,28 +51,41 @@ class WeightUpdater:
         kind = getattr(factory, "sync_transport", None) or factory.transport
         if not self.engines_asleep:
             return self._move(version, kind)
+        t0 = time.perf_counter()
         self.engines("wake_up", ["weights"])  # the update lands in the weights (LoRA: the adapter slots live there)
+        t1 = time.perf_counter()
         out = self._move(version, kind)
+        t2 = time.perf_counter()
         self.engines("wake_up", ["kv_cache"])
         self.engines_asleep = False
-        return out
+        return {**out, "sync/wall_wake_s": t1 - t0 + time.perf_counter() - t2}
 
     def _move(self, version: int, kind: str) -> dict[str, float]:
         order = steps(kind)
         engines = self.actors.engines
+        t0 = time.perf_counter()
         if order.begin:
             self.engines("begin_weight_sync")
+        t1 = time.perf_counter()
         sends = [lrn.send_weights.remote(engines, version) for lrn in self.actors.learners]
         if order.concurrent:
             got = self._received(
                 [e.receive_weights.remote(version, self.actors.factory.sync_info) for e in engines], cancel=sends[0]
             )
+            t2 = time.perf_counter()  # the engines' receive ends with the collective: send and receive are one
             sent = dict(learner_get(sends, "send_weights", self.timeout)[0])
         else:
             sent = dict(learner_get(sends, "send_weights", self.timeout)[0])
+            t2 = time.perf_counter()
             handoff = sent.pop(HANDOFF, None)
             got = self._received([e.receive_weights.remote(version, handoff) for e in engines])
-        return {**sent, **engine_sync_metrics(got)}
+        t3 = time.perf_counter()
+        walls = {  # the driver's view of the phases, whatever the transport reports itself
+            "sync/wall_begin_s": t1 - t0,
+            "sync/wall_send_s": t2 - t1,
+            "sync/wall_receive_s": t3 - t2,
+        }
+        return {**sent, **engine_sync_metrics(got), **walls}
 
     def _received(self, refs: list, cancel: Any = None) -> list[dict[str, float]]:
         """Every engine's receive; one that died is an `EngineFailure` (and the learners' send, a collective

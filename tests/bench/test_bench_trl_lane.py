@@ -96,13 +96,25 @@ def test_trl_lane_config_is_rlvr_colocate1_workload(tmp_path: Path, flags: tuple
 
 
 def test_trl_lane_runs_on_gpu_0_after_colocate1_when_serial(tmp_path: Path) -> None:
-    """--serial (or one GPU, or a standalone/learner lane on the last GPU): TRL waits for the rlvr runs on GPU 0."""
+    """--serial (or one GPU, or a standalone/learner lane on the second of two GPUs): TRL waits for the rlvr runs on
+    GPU 0. With 3 GPUs and a side lane, TRL takes GPU 1 beside them (the side lane GPU 2)."""
     for name, lanes in (("serial", ["--lanes", "trl", "--serial"]), ("side_lane", ["--lanes", "trl,learner"])):
         out = tmp_path / name
         proc = _dry_run(out, "--configs", "colocate1", "--steps", "6", *lanes)
         assert proc.returncode == 0, proc.stderr[-3000:]
         trl = next(l for l in _lines(out) if l["kind"] == "trl")
         assert trl["gpu"] == 0, (name, trl["gpu"])
+    proc = subprocess.run(  # a dry run counts 2 GPUs unless CUDA_VISIBLE_DEVICES names more
+        [sys.executable, str(BENCH / "gpu_grpo.py"), "--dry-run", "--out", str(tmp_path / "three")]
+        + ["--configs", "colocate1", "--lanes", "trl,standalone"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert next(l for l in _lines(tmp_path / "three") if l["kind"] == "trl")["gpu"] == 1
 
 
 def test_trl_lane_overrides_and_dtype_reach_the_config(tmp_path: Path) -> None:

@@ -77,4 +77,7 @@ def test_shared_memory_adapter_update_order(ray_cluster, asleep):
         assert not updater.engines_asleep
     else:
         assert not any("wake" in c for c in calls)
+    walls = {k: out.pop(k) for k in list(out) if k.startswith("sync/wall_")}  # the driver's phase timings
     assert out == {"sync/seconds": 0.01, "sync/bytes": 100.0, "sync/engine_load_s_max": 1.5}
+    phases = ["sync/wall_begin_s", "sync/wall_send_s", "sync/wall_receive_s"] + ["sync/wall_wake_s"] * asleep
+    assert sorted(walls) == sorted(phases) and all(v >= 0 for v in walls.values())
