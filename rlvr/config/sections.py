@@ -127,12 +127,16 @@ class RolloutConfig:
     """NCCL weight syncs (engines on their own GPUs): receive the new weights into a staging copy while the engine
     goes on generating, then load them in one short pause, instead of pausing generation for the whole transfer.
     Costs one copy of the weights in free GPU memory beside vLLM (without it the sync pauses as usual: a warning
-    once, and `sync/engine_staged_min` 0 in the metrics); tensor-parallel size 1 only. Not yet measured on GPUs."""
+    once, and `sync/engine_staged_min` 0 in the metrics); tensor-parallel size 1 only. Measured (2 x H100, 1.5B):
+    generation lost per sync 0.13 s instead of 0.93 s, but the background receive runs at ~1.5 GB/s beside the
+    decoding engine, so the sync cycle the learner waits for grows (4.2 s against 2.3 s); at 0.5B it shrinks (1.4 s
+    against 3.1 s) and tokens/s rise 25%. Off by default."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
     colocate_sleep: bool = True
     """Colocated runs: put the engines to sleep (free their GPU memory) while the learners train. False keeps
-    them awake and generating during the learner's step (models small enough to fit beside the learner)."""
+    them awake and generating during the learner's step (models small enough to fit beside the learner; with
+    async_steps >= 1 the faster choice: configs/gpu-1x-colocate.yaml sets it)."""
     timeout_s: float = 600.0
     """Seconds the driver waits for one step's rollouts before failing loudly."""
 

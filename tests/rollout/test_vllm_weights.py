@@ -314,3 +314,44 @@ def test_draining_pause_waits_for_our_samples_not_a_fixed_sleep(fake_vllm: type[
         engine._num_inflight = 0
     finally:
         engine.shutdown()
+
+
+def test_stats_busy_s_counts_the_open_busy_period(fake_vllm: type[FakeAsyncLLM]) -> None:
+    """An engine that always has requests in flight never closes a busy period: `busy_s` (what the driver's
+    perf/engine_busy_frac is built from) must still grow with it, not stay at the last closed period's total."""
+    import time
+
+    engine = make_engine()
+    try:
+        assert engine.stats()["busy_s"] == 0.0
+        engine._busy(+1)
+        time.sleep(0.05)
+        first = engine.stats()["busy_s"]
+        time.sleep(0.05)
+        second = engine.stats()["busy_s"]
+        assert 0.05 <= first < second
+        engine._busy(-1)
+        closed = engine.stats()["busy_s"]
+        time.sleep(0.05)
+        assert closed >= second and engine.stats()["busy_s"] == closed  # idle time does not count
+    finally:
+        engine.shutdown()
+
+
+def test_sampling_params_ask_for_flat_logprobs(fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampled token's log-prob in vLLM's flat layout (few objects per request, not one dict per token), output
+    only when a request finishes."""
+    from rlvr.types import SamplingParams as RlvrSamplingParams
+
+    final_only = object()
+    monkeypatch.setattr(sys.modules["vllm"], "SamplingParams", _Req, raising=False)
+    kinds = types.ModuleType("vllm.sampling_params")
+    kinds.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY=final_only)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
+    engine = make_engine()
+    try:
+        p = engine._vllm_params(RlvrSamplingParams(max_new_tokens=7, seed=3), 2)
+        assert p.flat_logprobs is True and p.logprobs == 0 and p.output_kind is final_only
+        assert p.max_tokens == 7 and p.seed == 5 and p.n == 1
+    finally:
+        engine.shutdown()
