@@ -12,8 +12,8 @@ appending every request's sampled token and log-prob the way vLLM's output proce
 - `dicts`: one `{token_id: Logprob}` dict and one Logprob object per token (vLLM's default layout),
 - `flat`: three flat lists per request (`SamplingParams(flat_logprobs=True)`, what rlvr's engine asks for),
 and drops every request's outputs when it finishes. Every GC pass is timed through `gc.callbacks`. Reported per
-variant: the longest single pause (what stalls a pause or weight-update call), the total paused, the number of
-full (generation 2) passes, and the replay's wall time. The figures are host-side only: the GPU is not involved,
+variant: the number of collections, the longest single pause (what stalls a pause or weight-update call), the
+total paused, the number of full (generation 2) passes, and the replay's wall time. The figures are host-side only: the GPU is not involved,
 and a real engine's pauses also depend on its heap, so read them as the direction and size of the effect.
 """
 
@@ -92,6 +92,7 @@ def run(variant: str, freeze: bool, a: argparse.Namespace, heap: list[Any]) -> d
     return {
         "variant": variant,
         "freeze": freeze,
+        "passes": len(timer.pauses),
         "max_pause_ms": round(1000 * max((d for _, d in timer.pauses), default=0.0), 2),
         "total_pause_ms": round(1000 * sum(d for _, d in timer.pauses), 1),
         "full_passes": len(full),
@@ -109,7 +110,8 @@ def main() -> int:
     a = p.parse_args()
     heap = startup_heap(a.heap_objects)
     gc.collect()
-    results = [run(variant, freeze, a, heap) for variant, freeze in (("dicts", False), ("dicts", True), ("flat", True))]
+    variants = (("dicts", False), ("dicts", True), ("flat", False), ("flat", True))
+    results = [run(variant, freeze, a, heap) for variant, freeze in variants]
     base, best = results[0], results[-1]
     line = {
         "bench": "engine_gc",

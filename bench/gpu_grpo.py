@@ -363,8 +363,9 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
                 "engine_paused_s_max": rnd(m("sync/engine_paused_s_max"), 4),
                 "engine_stage_s_max": rnd(m("sync/engine_stage_s_max"), 4),
                 "engine_staged_min": min(staged) if staged else None,
-                # the driver's wall per phase: engines paused for the session, learner send, engine receive,
-                # and (colocated with sleep) the two wake-ups
+                # the driver's wall per phase: engines paused for the session (CUDA IPC), the transfer (NCCL/gloo:
+                # the whole collective, send and receive together), what the engines still did after the learner's
+                # send returned (CUDA IPC: finish the session; NCCL: ~0), and (colocated with sleep) the wake-ups
                 "wall_begin_s": rnd(m("sync/wall_begin_s"), 4),
                 "wall_send_s": rnd(m("sync/wall_send_s"), 4),
                 "wall_receive_s": rnd(m("sync/wall_receive_s"), 4),
@@ -883,8 +884,8 @@ def main() -> int:
             (c, f"lora_r{r}", f"--learner.lora-rank {r} --learner.lora-alpha {2 * r} --learner.lr {a.lora_lr}")
             for c in configs
         ]
-    names = gpu_names()
-    num_gpus = len(names) if names else (0 if not a.dry_run else max(2, len(visible_devices())))  # dry run: as given
+    names = [] if a.dry_run else gpu_names()  # a dry run plans for the GPUs it is given (default 2), not the host's
+    num_gpus = (len(visible_devices()) or 2) if a.dry_run else len(names)
     card = names[0] if names else "unknown"
     peak = peak_for(card)
     model_dir = a.model_dir or f"/tmp/rlvr-bench-model-{a.shape}"
@@ -983,15 +984,15 @@ def main() -> int:
         if trl_todo and not c["colocate"]:
             do_trl(len(order) - i)
             trl_todo = False
+        if trl_thread is not None and not c["colocate"]:  # multi-GPU runs need TRL's GPU back
+            trl_thread.join()
+            trl_thread = None
         if c["colocate"] or not parallel:
             do_run(c, tag, flags, [0] if c["gpus"] == 1 else list(range(c["gpus"])), len(order) - i + trl_todo)
             continue
         if lane_thread is not None:  # multi-GPU runs need the side GPU back
             lane_thread.join()
             lane_thread = None
-        if trl_thread is not None:
-            trl_thread.join()
-            trl_thread = None
         do_run(c, tag, flags, list(range(c["gpus"])), len(order) - i)
     if trl_todo:
         do_trl(0)

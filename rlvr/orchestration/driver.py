@@ -141,8 +141,9 @@ class Trainer:
         slept: dict[str, float] = {}
         if self.weights.colocated and self.cfg.rollout.colocate_sleep:  # give the learner the GPU memory
             self.evals.finish()  # asleep, the engines could not finish an overlapped eval
+            t_sleep = time.perf_counter()
             self.weights.sleep_engines()
-            slept["time/engine_sleep"] = time.perf_counter() - t0  # inside time/train
+            slept["time/engine_sleep"] = time.perf_counter() - t_sleep  # inside time/train
         self.faults.before_train(self.step + 1, self.actors)
         refs = [lrn.train_batch.remote(b) for lrn, b in zip(self.actors.learners, per_rank)]
         deadline = time.time() + self.timeout  # one actor timeout for the learners, pump included
@@ -212,10 +213,13 @@ class Trainer:
         snaps: dict[int, tuple[float, float]] = {}
         fracs = []
         refs = [e.stats.remote() for e in self.actors.engines]
+        real = [r for r in refs if isinstance(r, ray.ObjectRef)]  # one wait for all: a hung engine costs one timeout
+        if real:
+            ray.wait(real, num_returns=len(real), timeout=self.cfg.cluster.heartbeat_timeout_s)
         for i, ref in enumerate(refs):
             try:
-                st = engine_get(ref, i, self.cfg.cluster.heartbeat_timeout_s)
-            except Exception as e:  # the next collect's health check replaces a failed engine
+                st = engine_get(ref, i, 0.01)
+            except Exception as e:  # the next collect's health check replaces a failed or hung engine
                 logger.debug("engine %d stats for perf/engine_busy_frac: %s", i, e)
                 continue
             now = (float(st.get("busy_s", 0.0)), float(st.get("uptime_s", 0.0)))
@@ -261,6 +265,7 @@ class Trainer:
             "%s: replacing it (restart %d of %d)", failure, self.engine_restarts, self.cfg.cluster.max_engine_restarts
         )
         ray.kill(self.actors.engines[i])
+        self._busy_snaps.pop(i, None)  # the new engine's counters start from zero
         self.evals.drop()
         requeued = self.feeder.requeue_from(i)
         self.actors.engines[i] = self.actors.factory.engine(i, version=self.step)

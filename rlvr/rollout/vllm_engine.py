@@ -295,6 +295,7 @@ class VLLMEngine(VLLMWeightUpdates):
         self._thread.join(timeout=60)
         if self._adapters is not None:
             self._adapters.close()
+        gc.unfreeze()  # a process that goes on (eval CLI, tests) can collect what start-up froze again
 
     # ------------------------------------------------------------------ colocated mode
     def sleep(self, level: int = 1) -> None:
@@ -302,7 +303,11 @@ class VLLMEngine(VLLMWeightUpdates):
         Requests in flight are frozen and recomputed after `wake_up`."""
         if not self.sleep_enabled:
             raise ValueError("sleep() needs enable_sleep_mode (on by default with cluster.colocate)")
-        self._asleep = True
+        with self._lock:  # asleep is not busy: requests frozen through the sleep do not generate
+            self._asleep = True
+            if self._busy_since is not None:
+                self._counters["busy_s"] += time.monotonic() - self._busy_since
+                self._busy_since = None
         self._call(self._llm.sleep(level, mode="keep"))
 
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -310,7 +315,11 @@ class VLLMEngine(VLLMWeightUpdates):
         ["kv_cache"] keeps peak memory low. Scheduling resumes once everything is resident."""
         self._call(self._llm.wake_up(tags))
         if tags is None or "kv_cache" in tags:
-            self._asleep = bool(self._call(self._llm.is_sleeping()))
+            asleep = bool(self._call(self._llm.is_sleeping()))
+            with self._lock:
+                self._asleep = asleep
+                if not asleep and self._num_inflight and self._busy_since is None:
+                    self._busy_since = time.monotonic()  # the frozen requests generate again
         self._loop.call_soon_threadsafe(self._pump)
 
     # ------------------------------------------------------------------ loop thread
@@ -396,7 +405,7 @@ class VLLMEngine(VLLMWeightUpdates):
     def _busy(self, delta: int) -> None:
         with self._lock:
             now = time.monotonic()
-            if self._num_inflight == 0 and delta > 0:
+            if self._num_inflight == 0 and delta > 0 and not self._asleep:
                 self._busy_since = now
             self._num_inflight += delta
             if self._num_inflight == 0 and self._busy_since is not None:

@@ -28,13 +28,15 @@ def _trl_installed() -> bool:
     return True
 
 
-def _dry_run(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+def _dry_run(tmp_path: Path, *flags: str, gpus: str = "0,1") -> subprocess.CompletedProcess:
+    """A dry run plans for the GPUs it is given, whatever the host has (here 2 unless `gpus` says otherwise)."""
     return subprocess.run(
         [sys.executable, str(BENCH / "gpu_grpo.py"), "--dry-run", "--out", str(tmp_path), *flags],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=240,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpus},
     )
 
 
@@ -104,17 +106,13 @@ def test_trl_lane_runs_on_gpu_0_after_colocate1_when_serial(tmp_path: Path) -> N
         assert proc.returncode == 0, proc.stderr[-3000:]
         trl = next(l for l in _lines(out) if l["kind"] == "trl")
         assert trl["gpu"] == 0, (name, trl["gpu"])
-    proc = subprocess.run(  # a dry run counts 2 GPUs unless CUDA_VISIBLE_DEVICES names more
-        [sys.executable, str(BENCH / "gpu_grpo.py"), "--dry-run", "--out", str(tmp_path / "three")]
-        + ["--configs", "colocate1", "--lanes", "trl,standalone"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2"},
-    )
+    proc = _dry_run(tmp_path / "three", "--configs", "colocate1", "--lanes", "trl,standalone", gpus="0,1,2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert next(l for l in _lines(tmp_path / "three") if l["kind"] == "trl")["gpu"] == 1
+    proc = _dry_run(tmp_path / "one", "--configs", "colocate1", "--lanes", "trl", gpus="3")  # one GPU: after rlvr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trl = next(l for l in _lines(tmp_path / "one") if l["kind"] == "trl")
+    assert trl["gpu"] == 0 and trl["cmd"].startswith("CUDA_VISIBLE_DEVICES=3 ")
 
 
 def test_trl_lane_overrides_and_dtype_reach_the_config(tmp_path: Path) -> None:
@@ -347,3 +345,37 @@ def test_trl_lane_runs_trl_on_a_tiny_model_on_cpu(tmp_path: Path) -> None:
         assert s["completion_tokens"] == P * G * M
     seen = [s["num_input_tokens_seen"] for s in steps]  # TRL's own count of prompt + completion tokens
     assert [b - a for a, b in zip([0] + seen, seen)] == [s["prompt_tokens"] + s["completion_tokens"] for s in steps]
+
+
+def test_multi_gpu_runs_wait_for_the_trl_lane(bench: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL runs beside colocate1 on the last GPU; a split run needs that GPU, so it starts only once TRL is done."""
+    import time
+
+    events: list[str] = []
+
+    def slow_trl(a: Any, gpu: int, *args: Any) -> None:
+        time.sleep(0.5)
+        events.append(f"trl done on {gpu}")
+
+    real_run = bench.run_config
+
+    def run(a: Any, c: dict, gpus: list, *args: Any, **kw: Any) -> dict:
+        events.append(f"run {c['name']} on {gpus}")
+        return real_run(a, c, gpus, *args, **kw)
+
+    monkeypatch.setattr(bench, "lane_trl", slow_trl)
+    monkeypatch.setattr(bench, "run_config", run)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    argv = [
+        "gpu_grpo.py",
+        "--dry-run",
+        "--out",
+        str(tmp_path),
+        "--configs",
+        "colocate1,split2_async1",
+        "--lanes",
+        "trl",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bench.main() == 0
+    assert events == ["run colocate1 on [0]", "trl done on 1", "run split2_async1 on [0, 1]"], events

@@ -23,9 +23,7 @@ def test_engine_gc_bench_prints_one_line_per_run() -> None:
     (line,) = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
     assert line["bench"] == "engine_gc" and line["requests"] == 64 and line["tokens"] == 64
     variants = [(r["variant"], r["freeze"]) for r in line["results"]]
-    assert variants == [("dicts", False), ("dicts", True), ("flat", True)]
-    flat = line["results"][-1]
-    assert flat["full_passes"] == 0 and flat["replay_s"] >= 0
-    assert all(r["max_pause_ms"] >= 0 and r["total_pause_ms"] >= 0 for r in line["results"])
-    # 64 x 64 dicts and Logprob objects do trigger young collections; the flat lists (3 per request) cannot
-    assert line["results"][0]["total_pause_ms"] >= flat["total_pause_ms"]
+    assert variants == [("dicts", False), ("dicts", True), ("flat", False), ("flat", True)]
+    dicts, flat = line["results"][0], line["results"][-1]
+    # 2 x 64 x 64 dicts and Logprob objects trigger young collections; the flat lists (3 per request) cannot
+    assert dicts["passes"] > 0 and flat["passes"] == 0 and flat["full_passes"] == 0

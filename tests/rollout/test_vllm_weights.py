@@ -74,6 +74,17 @@ class FakeAsyncLLM:
         self.log.append(f"rpc {method}")
         return [{"seconds": 0.001}]  # one worker's result
 
+    async def sleep(self, level: int, mode: str) -> None:
+        self.log.append(f"sleep {level} {mode}")
+        self.sleeping = True
+
+    async def wake_up(self, tags: Any) -> None:
+        self.log.append(f"wake {tags}")
+        self.sleeping = tags is not None and "kv_cache" not in tags
+
+    async def is_sleeping(self) -> bool:
+        return bool(getattr(self, "sleeping", False))
+
     async def init_weight_transfer_engine(self, request: Any) -> None:
         self.inits.append(request.init_info)
 
@@ -334,6 +345,30 @@ def test_stats_busy_s_counts_the_open_busy_period(fake_vllm: type[FakeAsyncLLM])
         closed = engine.stats()["busy_s"]
         time.sleep(0.05)
         assert closed >= second and engine.stats()["busy_s"] == closed  # idle time does not count
+    finally:
+        engine.shutdown()
+
+
+def test_stats_busy_s_leaves_out_sleep(fake_vllm: type[FakeAsyncLLM]) -> None:
+    """Colocated with sleep mode: requests frozen through the sleep are in flight but not generating, so the time
+    asleep is not busy; once the KV cache is back they count again."""
+    import time
+
+    engine = make_engine(enable_sleep_mode=True)
+    try:
+        engine._busy(+1)
+        time.sleep(0.03)
+        engine.sleep(1)
+        before = engine.stats()["busy_s"]
+        time.sleep(0.05)
+        assert engine.stats()["busy_s"] == before  # asleep: the counter stands still
+        engine._busy(+1)  # a prompt admitted while asleep does not open a period either
+        engine.wake_up(["weights"])
+        assert engine.stats()["busy_s"] == before  # weights back, no KV cache yet: still asleep
+        engine.wake_up(["kv_cache"])
+        time.sleep(0.03)
+        assert engine.stats()["busy_s"] >= before + 0.03
+        assert fake_vllm.log[-3:] == ["sleep 1 keep", "wake ['weights']", "wake ['kv_cache']"]
     finally:
         engine.shutdown()
 
