@@ -48,9 +48,7 @@ def test_bench_runs_use_the_gpus_it_was_given(bench, monkeypatch, visible, gpus,
 def test_peak_memory_samples_the_runs_own_gpu(bench, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     smi = "0, GPU-a, 60000\n1, GPU-b, 100\n2, GPU-c, 100\n3, GPU-d, 20480\n"
-    monkeypatch.setattr(
-        bench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=smi, stderr="")
-    )
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=smi, stderr=""))
     mem = bench.PeakMemory([0])
     mem._sample()
     assert mem.result() == {"0": 20.0}  # GPU 3's 20 GiB, keyed by the run's GPU number; not GPU 0's 58.6 GiB
@@ -62,9 +60,7 @@ def test_peak_memory_samples_the_runs_own_gpu(bench, monkeypatch) -> None:
 
 def test_gpu_names_lists_only_the_given_gpus(bench, monkeypatch) -> None:
     smi = "0, GPU-a, NVIDIA H100 80GB HBM3\n1, GPU-b, NVIDIA H200\n"
-    monkeypatch.setattr(
-        bench.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=smi, stderr="")
-    )
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=smi, stderr=""))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert bench.gpu_names() == ["NVIDIA H200"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
