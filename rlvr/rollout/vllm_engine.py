@@ -84,6 +84,21 @@ class _Job:
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
+def sampled_logprobs(lps: Any, token_ids: list[int]) -> list[float]:
+    """Each sampled token's log-prob from vLLM's per-position log-probs: its flat layout (`FlatLogprobs`: parallel
+    lists, the sampled token first in each position's range) read straight from the lists, else (or where a
+    position's range does not hold its token) the list-of-dicts form, `{token_id: Logprob}` per position."""
+    starts, ends = getattr(lps, "start_indices", None), getattr(lps, "end_indices", None)
+    flat_ids, flat_lps = getattr(lps, "token_ids", None), getattr(lps, "logprobs", None)
+    if starts is None or ends is None or flat_ids is None or flat_lps is None:
+        return [float(pos[t].logprob) for pos, t in zip(lps, token_ids, strict=True)]
+    out = []
+    for i, t in enumerate(token_ids):
+        k = next((k for k in range(starts[i], ends[i]) if flat_ids[k] == t), None)
+        out.append(float(flat_lps[k]) if k is not None else float(lps[i][t].logprob))
+    return out
+
+
 class VLLMEngine(VLLMWeightUpdates):
     """Generation with vLLM's async engine (continuous batching) behind the rlvr engine protocol."""
 
@@ -444,7 +459,7 @@ class VLLMEngine(VLLMWeightUpdates):
                 f"vLLM returned {0 if comp.logprobs is None else len(comp.logprobs)} log-probs for "
                 f"{len(token_ids)} tokens"
             )
-        logprobs = [float(pos[t].logprob) for pos, t in zip(comp.logprobs, token_ids, strict=True)]
+        logprobs = sampled_logprobs(comp.logprobs, token_ids)
         return Sample(
             prompt_id=req.prompt_id,
             sample_index=j,
