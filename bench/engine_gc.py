@@ -10,7 +10,7 @@ The process first builds a start-up heap like the engine actor's (torch and tran
 objects in a real engine process). It then replays `--tokens` decode steps for `--requests` requests, each step
 appending every request's sampled token and log-prob the way vLLM's output processor does with `logprobs=0`:
 - `dicts`: one `{token_id: Logprob}` dict and one Logprob object per token (vLLM's default layout),
-- `flat`: three flat lists per request (`SamplingParams(flat_logprobs=True)`, what rlvr's engine asks for),
+- `flat`: three flat lists per request (`SamplingParams(flat_logprobs=True)`: `--rollout.vllm-lean-outputs`),
 and drops every request's outputs when it finishes. Every GC pass is timed through `gc.callbacks`. Reported per
 variant: the number of collections, the longest single pause (what stalls a pause or weight-update call), the
 total paused, the number of full (generation 2) passes, and the replay's wall time. The figures are host-side only: the GPU is not involved,

@@ -131,6 +131,14 @@ class RolloutConfig:
     generation lost per sync 0.13 s instead of 0.93 s, but the background receive runs at ~1.5 GB/s beside the
     decoding engine, so the sync cycle the learner waits for grows (4.2 s against 2.3 s); at 0.5B it shrinks (1.4 s
     against 3.1 s) and tokens/s rise 25%. Off by default."""
+    vllm_lean_outputs: bool = False
+    """vLLM engines hand each finished sample over with less work on the engine process's event loop: vLLM's flat
+    log-prob layout (a few lists per request, not a dict and an object per token) and no per-token detokenizing
+    (the text is decoded once when the sample ends, as the transformers engine does; requests with stop strings
+    are still detokenized by vLLM, which needs the text to find them). Same log-probs; the text is the tokenizer's
+    decode of the ids with special tokens skipped. Aimed at the seconds an update or sleep call waits behind a
+    busy engine's output backlog (docs/gpu-results); off until measured on GPUs (`bench/engine_gc.py` shows the
+    host-side effect on CPU)."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
     colocate_sleep: bool = True

@@ -166,9 +166,11 @@ class VLLMEngine(VLLMWeightUpdates):
         self._busy_since: float | None = None
         self._started = time.monotonic()
         dtype = cfg.model.dtype if cfg.model.dtype not in ("auto",) else "bfloat16"
+        self._tokenizer_path = tokenizer_path or cfg.model.tokenizer_path or model_path
+        self._tokenizer: Any = None  # loaded on first use: completions that vLLM did not detokenize
         args = AsyncEngineArgs(
             model=model_path,
-            tokenizer=tokenizer_path or cfg.model.tokenizer_path or model_path,
+            tokenizer=self._tokenizer_path,
             dtype=dtype,
             seed=cfg.seed + engine_id,
             gpu_memory_utilization=(
@@ -204,6 +206,11 @@ class VLLMEngine(VLLMWeightUpdates):
         # out of the collector's full passes, which otherwise stall this process's event loop (request outputs,
         # pause and weight-update calls) for the length of one pass. vLLM's own engine core and API server do
         # the same after start-up.
+        if cfg.rollout.vllm_lean_outputs:
+            try:  # the tokenizer that decodes finished completions, loaded now rather than when the first batch ends
+                self._load_tokenizer()
+            except Exception as e:  # loaded (and failing loudly) on first use instead
+                logger.debug("engine %d: tokenizer not loaded at start-up: %s", engine_id, e)
         gc.collect()
         gc.freeze()
         logger.info(
@@ -407,11 +414,15 @@ class VLLMEngine(VLLMWeightUpdates):
             include_stop_str_in_output=True,
             seed=None if s.seed is None else int(s.seed) + sample_index,
             logprobs=0,
-            # one flat list per request instead of a dict + Logprob object per token: hundreds of thousands fewer
-            # objects per step for the garbage collector of this process (still read as a list of dicts below)
-            flat_logprobs=True,
+            # --rollout.vllm-lean-outputs: a few flat lists per request instead of a dict + Logprob object per
+            # token (hundreds of thousands fewer objects per step for this process's garbage collector)
+            flat_logprobs=self.cfg.rollout.vllm_lean_outputs,
             ignore_eos=self.ignore_eos,
             skip_special_tokens=True,
+            # vLLM detokenizes every token of every request as it goes, on this process's event loop; only stop
+            # strings need that. With --rollout.vllm-lean-outputs the text of the others is decoded once per
+            # finished sample (`_completion_text`), as the transformers engine does.
+            detokenize=self._vllm_detokenizes(s),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         kwargs.update(overrides)
@@ -465,7 +476,7 @@ class VLLMEngine(VLLMWeightUpdates):
             sample_index=j,
             prompt_token_ids=list(req.prompt_token_ids),
             completion_token_ids=token_ids,
-            completion_text=comp.text or "",
+            completion_text=self._completion_text(req, comp, token_ids),
             logprobs=logprobs,
             finish_reason=finish_reason(comp.finish_reason),
             version_start=version_start,
@@ -475,6 +486,25 @@ class VLLMEngine(VLLMWeightUpdates):
             is_eval=req.is_eval,
             prompt_text=req.prompt_text,
         )
+
+    def _vllm_detokenizes(self, s: RlvrSamplingParams) -> bool:
+        return not self.cfg.rollout.vllm_lean_outputs or bool(s.stop_strings)
+
+    def _completion_text(self, req: PromptRequest, comp: Any, token_ids: list[int]) -> str:
+        """vLLM's text where it detokenized, else (--rollout.vllm-lean-outputs, no stop strings) the tokenizer's
+        decode of the ids with special tokens skipped: the transformers engine's text for the same ids."""
+        if self._vllm_detokenizes(req.sampling):
+            return comp.text or ""
+        return str(self._load_tokenizer().decode(token_ids, skip_special_tokens=True))
+
+    def _load_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                self._tokenizer_path, trust_remote_code=self.cfg.model.trust_remote_code
+            )
+        return self._tokenizer
 
     def _file(self, job: _Job, sample: Sample) -> None:
         job.done[sample.sample_index] = sample

@@ -373,9 +373,12 @@ def test_stats_busy_s_leaves_out_sleep(fake_vllm: type[FakeAsyncLLM]) -> None:
         engine.shutdown()
 
 
-def test_sampling_params_ask_for_flat_logprobs(fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sampled token's log-prob in vLLM's flat layout (few objects per request, not one dict per token), output
-    only when a request finishes."""
+@pytest.mark.parametrize("lean", [False, True], ids=["default", "lean_outputs"])
+def test_sampling_params_ask_for_flat_logprobs_when_lean(
+    fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch, lean: bool
+) -> None:
+    """The sampled token's log-prob, output only when a request finishes; with --rollout.vllm-lean-outputs in vLLM's
+    flat layout (few objects per request, not one dict per token) and not detokenized by vLLM."""
     from rlvr.types import SamplingParams as RlvrSamplingParams
 
     final_only = object()
@@ -384,9 +387,57 @@ def test_sampling_params_ask_for_flat_logprobs(fake_vllm: type[FakeAsyncLLM], mo
     kinds.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY=final_only)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
     engine = make_engine()
+    engine.cfg.rollout.vllm_lean_outputs = lean
     try:
         p = engine._vllm_params(RlvrSamplingParams(max_new_tokens=7, seed=3), 2)
-        assert p.flat_logprobs is True and p.logprobs == 0 and p.output_kind is final_only
+        assert p.flat_logprobs is lean and p.detokenize is not lean and p.logprobs == 0 and p.output_kind is final_only
         assert p.max_tokens == 7 and p.seed == 5 and p.n == 1
+    finally:
+        engine.shutdown()
+
+
+def test_lean_outputs_decode_text_once_unless_stop_strings_need_vllms(
+    fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """--rollout.vllm-lean-outputs: vLLM detokenizes only requests with stop strings (it needs the text to find
+    them); every other completion's text is the tokenizer's decode of its ids with special tokens skipped, as the
+    transformers engine gives it."""
+    from transformers import AutoTokenizer
+
+    from rlvr.config.sections import ModelConfig
+    from rlvr.data import builtin_corpus
+    from rlvr.models.tiny import build_tiny_model_dir
+    from rlvr.rollout.vllm_engine import VLLMEngine, _Job
+    from rlvr.types import PromptRequest
+    from rlvr.types import SamplingParams as RlvrSamplingParams
+
+    model = build_tiny_model_dir(ModelConfig(), builtin_corpus("copy4"), tmp_path / "tiny", 0)
+    tok = AutoTokenizer.from_pretrained(model)
+    monkeypatch.setattr(sys.modules["vllm"], "SamplingParams", _Req, raising=False)
+    kinds = types.ModuleType("vllm.sampling_params")
+    kinds.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
+    cfg = ExperimentConfig()
+    cfg.rollout.backend = "vllm"
+    cfg.rollout.vllm_lean_outputs = True
+    engine = VLLMEngine(str(model), 0, cfg=cfg, max_model_len=128, startup_timeout_s=30)
+    assert engine._tokenizer is not None  # loaded at start-up, not when the first batch ends
+    try:
+        ids = tok.encode("abc") + [tok.eos_token_id]
+        comp = types.SimpleNamespace(
+            token_ids=ids,
+            logprobs=[{t: types.SimpleNamespace(logprob=-0.5)} for t in ids],
+            text="",
+            finish_reason="stop",
+        )
+        plain = RlvrSamplingParams(max_new_tokens=8)
+        stops = RlvrSamplingParams(max_new_tokens=8, stop_strings=["c"])
+        assert engine._vllm_params(plain, 0).detokenize is False
+        assert engine._vllm_params(stops, 0).detokenize is True
+        sample = engine._to_sample(_Job(0, PromptRequest("p", [1, 2], 1, plain)), 0, comp, 0)
+        assert sample.completion_text == tok.decode(ids, skip_special_tokens=True) == "abc"
+        assert sample.logprobs == [-0.5] * len(ids) and sample.finish_reason == "stop"
+        comp.text = "ab c"  # vLLM's own text, kept where it had to detokenize
+        assert engine._to_sample(_Job(1, PromptRequest("q", [1], 1, stops)), 0, comp, 0).completion_text == "ab c"
     finally:
         engine.shutdown()
