@@ -56,19 +56,7 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return
-        for line in out.splitlines():
-            parts = [p.strip() for p in line.split(",")]
-            if len(parts) != 3:
-                continue
+        for parts in smi_rows(["index", "uuid", "memory.used"], timeout_s=10):
             g = self.device.get(parts[0], self.device.get(parts[1]))
             if g is not None:
                 self.peak[g] = max(self.peak[g], float(parts[2]) / 1024)
@@ -138,19 +126,23 @@ def tail(path: Path, n: int = 25) -> list[str]:
     return (keep[-8:] + lines[-n:])[-n:]
 
 
-# ----------------------------------------------------------------------------- model facts and MFU
+def smi_rows(fields: list[str], timeout_s: float) -> list[list[str]]:
+    """`nvidia-smi --query-gpu=<fields>` (CSV, no header, no units): one row of stripped values per GPU, the last
+    field taking any commas of its own (a card's name); [] where nvidia-smi is absent or does not answer."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    n = len(fields) - 1
+    return [[p.strip() for p in line.split(",", n)] for line in out.splitlines() if line.count(",") >= n]
 
 
 def gpu_names() -> list[str]:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        rows = [[p.strip() for p in l.split(",", 2)] for l in out.stdout.splitlines() if l.count(",") >= 2]
-        seen = visible_devices()  # only the GPUs this script was given
-        return [name for idx, uuid, name in rows if not seen or idx in seen or uuid in seen]
-    except (OSError, subprocess.TimeoutExpired):
-        return []
+    seen = visible_devices()  # only the GPUs this script was given
+    rows = smi_rows(["index", "uuid", "name"], timeout_s=30)
+    return [name for idx, uuid, name in rows if not seen or idx in seen or uuid in seen]
