@@ -202,15 +202,15 @@ class VLLMEngine(VLLMWeightUpdates):
         except BaseException:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
-        # Everything alive now (torch, vLLM, the tokenizer: millions of objects) lives as long as the process: kept
-        # out of the collector's full passes, which otherwise stall this process's event loop (request outputs,
-        # pause and weight-update calls) for the length of one pass. vLLM's own engine core and API server do
-        # the same after start-up.
         if cfg.rollout.vllm_lean_outputs:
             try:  # the tokenizer that decodes finished completions, loaded now rather than when the first batch ends
                 self._load_tokenizer()
             except Exception as e:  # loaded (and failing loudly) on first use instead
                 logger.debug("engine %d: tokenizer not loaded at start-up: %s", engine_id, e)
+        # Everything alive now (torch, vLLM, the tokenizer: millions of objects) lives as long as the process: kept
+        # out of the collector's full passes, which otherwise stall this process's event loop (request outputs,
+        # pause and weight-update calls) for the length of one pass. vLLM's own engine core and API server do
+        # the same after start-up.
         gc.collect()
         gc.freeze()
         logger.info(
@@ -327,9 +327,7 @@ class VLLMEngine(VLLMWeightUpdates):
             raise ValueError("sleep() needs enable_sleep_mode (on by default with cluster.colocate)")
         with self._lock:  # asleep is not busy: requests frozen through the sleep do not generate
             self._asleep = True
-            if self._busy_since is not None:
-                self._counters["busy_s"] += time.monotonic() - self._busy_since
-                self._busy_since = None
+            self._close_busy_period(time.monotonic())
         self._call(self._llm.sleep(level, mode="keep"))
 
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -434,9 +432,14 @@ class VLLMEngine(VLLMWeightUpdates):
             if self._num_inflight == 0 and delta > 0 and not self._asleep:
                 self._busy_since = now
             self._num_inflight += delta
-            if self._num_inflight == 0 and self._busy_since is not None:
-                self._counters["busy_s"] += now - self._busy_since
-                self._busy_since = None
+            if self._num_inflight == 0:
+                self._close_busy_period(now)
+
+    def _close_busy_period(self, now: float) -> None:
+        """Add the open busy period (if any) to `busy_s` and close it; under `_lock`."""
+        if self._busy_since is not None:
+            self._counters["busy_s"] += now - self._busy_since
+            self._busy_since = None
 
     async def _run_sample(self, job: _Job, j: int, version_start: int) -> None:
         req = job.request
