@@ -21,7 +21,8 @@ def _poll_until(eng, num: int, timeout: float = 90) -> list:
     return got
 
 
-def test_generate_logprobs_finish_reasons_versions(tmp_path, gpus) -> None:
+@pytest.mark.parametrize("lean", [False, True], ids=["default", "lean"])
+def test_generate_logprobs_finish_reasons_versions(tmp_path, gpus, lean) -> None:
     gpus(1)
     from transformers import AutoTokenizer
 
@@ -29,7 +30,7 @@ def test_generate_logprobs_finish_reasons_versions(tmp_path, gpus) -> None:
 
     model_dir = build_tiny_dir(tmp_path / "tiny")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    eng = engine_proc("0", model_dir, make_cfg(max_new_tokens=24), initial_version=3)
+    eng = engine_proc("0", model_dir, make_cfg(max_new_tokens=24, lean=lean), initial_version=3)
     try:
         pairs = copy_pairs(tok, 6)
         reqs = [
