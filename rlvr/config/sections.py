@@ -127,18 +127,18 @@ class RolloutConfig:
     """NCCL weight syncs (engines on their own GPUs): receive the new weights into a staging copy while the engine
     goes on generating, then load them in one short pause, instead of pausing generation for the whole transfer.
     Costs one copy of the weights in free GPU memory beside vLLM (without it the sync pauses as usual: a warning
-    once, and `sync/engine_staged_min` 0 in the metrics); tensor-parallel size 1 only. Measured (2 x H100, 1.5B):
-    generation lost per sync 0.13 s instead of 0.93 s, but the background receive runs at ~1.5 GB/s beside the
-    decoding engine, so the sync cycle the learner waits for grows (4.2 s against 2.3 s); at 0.5B it shrinks (1.4 s
-    against 3.1 s) and tokens/s rise 25%. Off by default."""
-    vllm_lean_outputs: bool = False
+    once, and `sync/engine_staged_min` 0 in the metrics); tensor-parallel size 1 only. Measured with lean outputs
+    (2 x H200, 1.5B, split2 async 1, docs/gpu-results/w2_lean_*): 10.8k tokens/s/GPU against 10.2k paused, sync
+    cycle 0.18 s against 0.15 s, generation paused 0.13 s against 0.14 s per sync; one run each, so off by
+    default (the paused sync already meets its targets once the engine answers calls promptly)."""
+    vllm_lean_outputs: bool = True
     """vLLM engines hand each finished sample over with less work on the engine process's event loop: vLLM's flat
     log-prob layout (a few lists per request, not a dict and an object per token) and no per-token detokenizing
     (the text is decoded once when the sample ends, as the transformers engine does; requests with stop strings
     are still detokenized by vLLM, which needs the text to find them). Same log-probs; the text is the tokenizer's
-    decode of the ids with special tokens skipped. Aimed at the seconds an update or sleep call waits behind a
-    busy engine's output backlog (docs/gpu-results); off until measured on GPUs (`bench/engine_gc.py` shows the
-    host-side effect on CPU)."""
+    decode of the ids with special tokens skipped. Without it, a weight-update or sleep call waits seconds behind a
+    busy engine's output backlog: measured (docs/gpu-results/w1_lean_*, w2_lean_*) the 1.5B sync mid-generation
+    0.78 s -> 0.15 s (2 x H200) and the colocated 0.5B step 7.8 s -> 5.7 s (H200). False: vLLM's own outputs."""
     vllm_enable_prefix_caching: bool = True
     """vLLM prefix caching; a per-version cache salt keeps old-weight KV from being reused."""
     colocate_sleep: bool = True

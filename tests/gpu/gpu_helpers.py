@@ -56,7 +56,7 @@ def make_cfg(
     colocate: bool = False,
     gpu_memory_utilization: float = 0.25,
     staged: bool = False,
-    lean: bool = False,
+    lean: bool = True,
 ) -> Any:
     from rlvr.config import ExperimentConfig
 
@@ -66,7 +66,7 @@ def make_cfg(
     cfg.rollout.vllm_enforce_eager = True  # no CUDA-graph capture: faster start, and these tests time nothing
     cfg.rollout.inflight_updates = inflight_updates
     cfg.rollout.vllm_staged_sync = staged  # NCCL syncs received in the background (rlvr.rollout.vllm_staged)
-    cfg.rollout.vllm_lean_outputs = lean  # flat log-probs, text decoded once per finished sample
+    cfg.rollout.vllm_lean_outputs = lean  # the default: flat log-probs, text decoded once per finished sample
     cfg.cluster.colocate = colocate
     cfg.generation.max_new_tokens = max_new_tokens
     cfg.data.max_prompt_tokens = 64
