@@ -9,7 +9,10 @@ sleep/wake), `splitG[_lL]_asyncK` (G GPUs, L learners (default G//2) + G-L engin
 need more GPUs than the machine has are reported as skipped. Extra lanes:
 - `standalone`: vLLM's `LLM` alone on the same model dir, prompts (rlvr's own PromptStream), n, max_tokens,
   ignore_eos, logprobs=0, gpu_memory_utilization: one step-sized batch with n=G (plain), the same batch the way
-  rlvr submits it (n=1 requests with per-sample seeds), and one 4-step batch (continuous-batching ceiling).
+  rlvr submits it (n=1 requests with per-sample seeds), one with vLLM's flat log-probs and no detokenizing (lean,
+  as rlvr's engine asks by default), and one 4-step batch (continuous-batching ceiling). The summary's
+  `rollout_over_standalone_by_run` divides each run's `engine_rollout_tokens_per_s` (one engine's completion
+  tokens/s while it generates) by the plain batch's rate.
 - `learner`: `bench/gpu_learner.py`'s microbench (the exact LearnerWorker.train_batch on a synthetic packed
   batch of the same shape), once per `--learner-variants` flag set: the cheap before/after for the MFU knobs
   without Ray/vLLM start-up, plus an attention probe at the pack length.
@@ -61,7 +64,13 @@ if str(REPO) not in sys.path:
 import trl_lane  # noqa: E402  (same directory; no torch or trl at import)
 from gpu_learner import BEFORE, emit, model_facts, peak_for, run_variants  # noqa: E402  (same directory)
 from gpu_procs import PeakMemory, gpu_env, gpu_names, physical, run_guarded, tail, visible_devices  # noqa: E402,F401
-from grpo_summary import gpu_time_share, summarize_run, summary_line, trl_summary  # noqa: E402,F401
+from grpo_summary import (  # noqa: E402,F401
+    engine_rollout_rate,
+    gpu_time_share,
+    summarize_run,
+    summary_line,
+    trl_summary,
+)
 
 from rlvr.models.shaped import SHAPES  # noqa: E402  (no torch at import)
 
@@ -240,7 +249,7 @@ def child_standalone(spec: dict[str, Any]) -> None:
     tok = AutoTokenizer.from_pretrained(spec["model_dir"])
     stream = PromptStream(cfg, tok)
     P, G, M = cfg.rollout.prompts_per_step, cfg.generation.num_samples, cfg.generation.max_new_tokens
-    reqs = [stream.next_request() for _ in range(5 * P)]
+    reqs = [stream.next_request() for _ in range(6 * P)]
     reqs = [r for r in reqs if r is not None]
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in reqs]
     t0 = time.perf_counter()
@@ -304,6 +313,9 @@ def child_standalone(spec: dict[str, Any]) -> None:
                 seed = None if r.sampling.seed is None else int(r.sampling.seed) + j
                 params.append(SamplingParams(**base, n=1, seed=seed))
         measure("step_rlvr_like", batch, params, P * G)
+    if "step_lean" in which:  # n=G with vLLM's flat log-probs and no detokenizing: vLLM's outputs at their leanest
+        lean = SamplingParams(**base, n=G, flat_logprobs=True, detokenize=False)
+        measure("step_lean", prompts[5 * P : 6 * P], lean, P * G)
     if "ceiling" in which:  # four steps at once: the continuous-batching ceiling
         measure("ceiling_4steps", prompts[P : 5 * P], SamplingParams(**base, n=G), 4 * P * G)
 
@@ -327,7 +339,7 @@ def lane_standalone_learner(
             "argv": argv,
             "model_dir": model_dir,
             "card": card,
-            "modes": ["step_plain", "step_rlvr_like", "ceiling"],
+            "modes": ["step_plain", "step_rlvr_like", "step_lean", "ceiling"],
         }
         budget = min(a.standalone_timeout_s, deadline - time.time())
         if a.dry_run:

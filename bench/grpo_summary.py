@@ -64,7 +64,9 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
                 # engines wait through train + sync when nothing runs ahead (async0) or they sleep (colocated)
                 "engine_idle_est": rnd(train + sync, 3) if c["async_steps"] == 0 or c["colocate"] else None,
             },
-            "engine_rollout_tokens_per_s": rnd(samples * c_len / gen, 1) if c["async_steps"] == 0 else None,
+            "engine_rollout_tokens_per_s": engine_rollout_rate(
+                samples * c_len, wall, gen, m("perf/engine_busy_frac"), m("sync/engine_paused_s_max"), c
+            ),
             "weight_sync": {
                 "cycle_s": rnd(sync, 4),
                 "learner_send_s": rnd(m("sync/seconds"), 4),
@@ -110,6 +112,24 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
         wall, train, sync, m("perf/engine_busy_frac"), m("sync/engine_paused_s_max"), c["colocate"]
     )
     return out
+
+
+def engine_rollout_rate(
+    completion_tokens: float, wall: float, gen: float, busy: float, paused: float, c: dict[str, Any]
+) -> float | None:
+    """Completion tokens per second of ONE engine while it generates: what bench/gpu_grpo.py's standalone lane
+    measures for vLLM alone on the same batch (issue 14 W1: >= 0.9x). async 0: the step's tokens over the driver's
+    generation phase (the engines generate only then). async >= 1 (generation overlaps training): the step's tokens
+    over the step wall times the engines' generating share (`perf/engine_busy_frac` less the generation lost to the
+    weight sync), per engine. None where the share is unknown (older logs) or zero."""
+    if c["async_steps"] == 0:
+        return rnd(completion_tokens / gen, 1) if gen and gen == gen else None
+    if busy != busy or not wall or wall != wall:
+        return None
+    generating = busy - (0.0 if paused != paused else paused / wall)
+    if generating <= 0:
+        return None
+    return rnd(completion_tokens / (wall * generating) / max(1, int(c.get("engines", 1))), 1)
 
 
 def gpu_time_share(
@@ -213,6 +233,15 @@ def summary_line(
         summary[f"standalone.{mode}.completion_tokens_per_s"] = r.get("completion_tokens_per_s")
         if rate:
             summary[f"rollout_over_standalone.{mode}"] = round(rate / r["completion_tokens_per_s"], 3)
+    # every run's engine rate against standalone vLLM on the same batch (n=G per prompt) in the same bench run
+    ref = (sa.get("step_plain") or next(iter(sa.values()), {})).get("completion_tokens_per_s")
+    by_run = {
+        k[0] if k[1] == "base" else f"{k[0]}:{k[1]}": round(r["engine_rollout_tokens_per_s"] / ref, 3)
+        for k, r in results.items()
+        if isinstance(k, tuple) and r.get("engine_rollout_tokens_per_s") and ref
+    }
+    if by_run:
+        summary["rollout_over_standalone_by_run"] = by_run
     for k, r in results.items():
         if isinstance(k, tuple) and k[1] != "base":
             summary[f"{k[0]}:{k[1]}.tokens_per_s_per_gpu"] = r.get("tokens_per_s_per_gpu")

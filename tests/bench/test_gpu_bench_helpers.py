@@ -165,3 +165,36 @@ def test_gpu_time_share_splits_each_gpu_kind_s_step(bench: Any) -> None:
     old = bench.gpu_time_share(10.0, 4.5, 0.5, float("nan"), 0.1, False)  # a run log without engine counters
     assert old["engine_gpu"] == {"generating": None, "sync": 0.01, "idle": None}
     assert bench.gpu_time_share(float("nan"), 1.0, 0.1, 0.5, 0.1, False) is None
+
+
+def test_engine_rollout_rate_is_per_engine_while_generating(bench: Any) -> None:
+    """Issue 14 W1 compares rlvr's generation with standalone vLLM on the same batch: async 0 over the generation
+    phase; async 1 (generation overlaps training) over the engines' generating share of the step wall, per engine."""
+    a0 = {"async_steps": 0, "engines": 1}
+    assert bench.engine_rollout_rate(1000.0, 5.0, 2.0, 0.4, 0.0, a0) == 500.0
+    a1 = {"async_steps": 1, "engines": 2}
+    # 10 s steps, engines busy 90 % of which 1 s a step is generation lost to the sync: 80 % generating
+    assert bench.engine_rollout_rate(16000.0, 10.0, 3.0, 0.9, 1.0, a1) == 1000.0
+    assert bench.engine_rollout_rate(16000.0, 10.0, 3.0, 0.9, float("nan"), a1) == round(16000 / 9 / 2, 1)
+    assert bench.engine_rollout_rate(16000.0, 10.0, 3.0, float("nan"), 1.0, a1) is None  # no engine counters
+    assert bench.engine_rollout_rate(16000.0, 10.0, 3.0, 0.05, 1.0, a1) is None  # nothing left generating
+
+
+def test_summary_gives_each_run_s_rollout_over_standalone(bench: Any, tmp_path: Path) -> None:
+    import argparse
+
+    results = {
+        ("colocate1", "base"): {"tokens_per_s_per_gpu": 20000.0, "engine_rollout_tokens_per_s": 18000.0},
+        ("colocate1", "sleep"): {"tokens_per_s_per_gpu": 12000.0, "engine_rollout_tokens_per_s": 21000.0},
+        ("split2_async1", "base"): {"tokens_per_s_per_gpu": 9000.0, "engine_rollout_tokens_per_s": None},
+        "standalone": [
+            {"kind": "standalone_vllm", "mode": "step_plain", "completion_tokens_per_s": 20000.0},
+            {"kind": "standalone_vllm", "mode": "step_rlvr_like", "completion_tokens_per_s": 18000.0},
+        ],
+    }
+    a = argparse.Namespace(shape="qwen2.5-0.5b")
+    out = bench.summary_line(a, results, "card", None, 0.0, tmp_path / "b.jsonl")
+    assert out["rollout_over_standalone_by_run"] == {"colocate1": 0.9, "colocate1:sleep": 1.05}
+    assert out["standalone.step_plain.completion_tokens_per_s"] == 20000.0
+    del results["standalone"]
+    assert "rollout_over_standalone_by_run" not in bench.summary_line(a, results, "card", None, 0.0, tmp_path / "c")
