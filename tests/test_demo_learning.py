@@ -6,9 +6,10 @@ The run is asynchronous (`async_steps` 1), so its trajectory depends on timing, 
 one machine can fail on another. Two failures were seen in CI-like runs of seed 0 on a loaded machine: it locked a
 few wrong letters in around step 170 (pass@1 0.44, greedy outputs unchanged from then on, every sample of a group
 agreeing so no advantage is left to undo them), and once it then lost EOS at step 223 (every completion truncated,
-reward 0 for all, no gradient to recover). 28 runs of seeds 0-7 on this repo's 2-core machine, idle and with two
-busy loops beside them, all solved (pass@1 1.0, first solved at step 120-210). So a run that does not solve is
-followed by one more seed, and the test fails when neither solves: a trainer that no longer learns fails both."""
+reward 0 for all, no gradient to recover). 22 later runs on this repo's 2-core machine all solved (pass@1 1.0,
+first solved at step 120-210; docs/cpu-results/demo_seed_sweep.jsonl): seeds 0-7 idle, 0-7 with a cosine learning
+rate, 0-5 with two busy loops beside them. So a run that does not solve is followed by one more seed, and the test
+fails when neither solves: a trainer that no longer learns fails both."""
 
 from __future__ import annotations
 
