@@ -1,4 +1,5 @@
-"""Built-in math tasks for real models (`builtin:arith-l1` ... `builtin:arith-l5`, `builtin:word-problems`).
+"""Built-in math tasks for real models (`builtin:arith-l1` ... `builtin:arith-l5`, `builtin:word-problems-l0`,
+`builtin:word-problems-l1`, `builtin:word-problems`).
 
 Generated in code, seeded, with held-out test splits; every row's answer is an integer computed here and
 checked by the `math` verifier (math-verify equivalence; the last `\\boxed{}`, else the last number).
@@ -16,6 +17,12 @@ count legs, ...) with small integer answers >= 0, e.g. "Mia has 23 stickers. She
 twice, two boxes then a loss, ...), numbers up to 60, answers 0-120. Tried as the real-model preset's word set (weights 0.6 / 0.4,
 1 x H100): SmolLM2-135M went from 0.0 to 0.02-0.10 in 80-100 steps (docs/gpu-results/README.md).
 
+`word-problems-l0`: the curriculum level below that: one-step stories (gets more, gives away, spends, gets off the
+bus, collects on two days, eats), one addition or subtraction, numbers up to 60. Sampled on CPU at temperature
+0.6, SmolLM2-135M-Instruct answers 4% of them right (5 groups of 8 samples in 24 have a right answer), against
+0.5% (1 group in 24) for `word-problems-l1` at 0.6 or 1.0 and for these at 1.0: a level GRPO gets an advantage
+from.
+
 Invariants:
 - Train and test are disjoint: an item (the template and its numbers) belongs to one split by a stable hash.
 - The test split ignores the seed; it holds distinct items (as many as exist, up to the rows asked for).
@@ -30,7 +37,7 @@ from typing import Any, Callable
 
 MATH_VERIFIER = "math"
 ARITH_LEVELS = ("arith-l1", "arith-l2", "arith-l3", "arith-l4", "arith-l5")
-WORD_LEVELS = ("word-problems-l1", "word-problems")
+WORD_LEVELS = ("word-problems-l0", "word-problems-l1", "word-problems")
 MATH_TASKS: tuple[str, ...] = (*ARITH_LEVELS, *WORD_LEVELS)
 INSTRUCTION = "Put the final answer in \\boxed{}."
 _TEST_PER_256 = 32  # 1/8 of the items are held out
@@ -219,7 +226,41 @@ def _word_item_l1(rng: random.Random) -> Item:
     return f"{q} {INSTRUCTION}", ans, f"v{t}:" + ",".join(map(str, nums))
 
 
+def _word_item_l0(rng: random.Random) -> Item:
+    """One step: a single addition or subtraction (module docstring)."""
+    r = rng.randint
+    name, he, his = rng.choice(_NAMES)
+    thing = rng.choice(_THINGS)
+    t = r(0, 5)
+    a, b = r(5, 60), r(2, 40)
+    if t == 0:
+        q = f"{name} has {a} {thing}. {he} buys {b} more. How many {thing} does {name} have now?"
+        ans = a + b
+    elif t == 1:
+        a = a + b
+        q = f"{name} has {a} {thing}. {he} gives {b} to a friend. How many {thing} does {name} have left?"
+        ans = a - b
+    elif t == 2:
+        a = a + b
+        q = f"{name} has {a} dollars. {he} spends {b} dollars on a book. How many dollars does {name} have left?"
+        ans = a - b
+    elif t == 3:
+        a = a + b
+        q = f"A bus has {a} passengers. At the stop {b} get off. How many passengers are on the bus now?"
+        ans = a - b
+    elif t == 4:
+        q = f"{name} collects {a} {thing} on Monday and {b} on Tuesday. How many {thing} does {name} collect in total?"
+        ans = a + b
+    else:
+        a = a + b
+        q = f"A plate has {a} cookies. {name} eats {b} of them. How many cookies are left on the plate?"
+        ans = a - b
+    return f"{q} {INSTRUCTION}", ans, f"o{t}:{a},{b}"
+
+
 def _maker(name: str) -> Callable[[random.Random], Item]:
+    if name == "word-problems-l0":
+        return _word_item_l0
     if name == "word-problems":
         return _word_item
     if name == "word-problems-l1":

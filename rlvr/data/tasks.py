@@ -15,7 +15,7 @@ Tasks:
   held in the row's hidden `table` ({"B": "dbe"}), never in the prompt: it differs per row, so it is only
   obtainable by a `B?` call to the `lookup` tool with the prompt's key (another key is an error). The row's
   `env` column routes it to `tool_lookup_tiny`. Scored by `copy_reward`. A (key, value) pair belongs to one split.
-- `arith-l1` ... `arith-l5` and `word-problems`: math questions for real (chat) models with `\\boxed{}` answers,
+- `arith-l1` ... `arith-l5` and `word-problems-l0`, `word-problems-l1`, `word-problems`: math questions for real (chat) models with `\\boxed{}` answers,
   scored by the `math` verifier (`rlvr.data.math_tasks`).
 
 Invariants:

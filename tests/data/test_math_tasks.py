@@ -126,3 +126,25 @@ def test_easy_word_problems_use_addition_and_subtraction_only_and_their_answers_
         else:
             raise AssertionError(f"unknown template: {p}")
     assert seen == {"add-sub", "sub-sub", "add-add", "more-than", "bus"}
+
+
+def test_one_step_word_problems_take_one_addition_or_subtraction() -> None:
+    """`word-problems-l0`, the curriculum level below l1: every template is one operation, and its answer is right."""
+    rows = builtin_rows("word-problems-l0", "train", 2000, seed=3)
+    assert len({r["prompt"] for r in rows}) > 500
+    seen = set()
+    for r in rows:
+        p, ans = r["prompt"], int(r["ground_truth"])
+        nums = list(map(int, re.findall(r"\d+", p)))
+        assert len(nums) == 2 and ans >= 0 and p.endswith("Put the final answer in \\boxed{}."), p
+        if "buys" in p or "Tuesday" in p:
+            seen.add("add")
+            assert ans == nums[0] + nums[1]
+        elif any(w in p for w in ("gives", "spends", "get off", "eats")):
+            seen.add("sub")
+            assert ans == nums[0] - nums[1]
+        else:
+            raise AssertionError(f"unknown template: {p}")
+    assert seen == {"add", "sub"}
+    test = {r["prompt"] for r in builtin_rows("word-problems-l0", "test", 300, seed=0)}
+    assert len(test) == 300 and not test & {r["prompt"] for r in rows}  # held-out items never train
