@@ -530,7 +530,7 @@ def main() -> int:
         default=100.0,
         help="budget kept back for each later rlvr run when capping the current one",
     )
-    p.add_argument("--standalone-timeout-s", type=float, default=150.0)
+    p.add_argument("--standalone-timeout-s", type=float, default=240.0)
     p.add_argument("--trl-timeout-s", type=float, default=270.0, help="cap of the trl lane's run")
     p.add_argument(
         "--trl-micro-batch",

@@ -122,14 +122,15 @@ def engine_rollout_rate(
     generation phase (the engines generate only then). async >= 1 (generation overlaps training): the step's tokens
     over the step wall times the engines' generating share (`perf/engine_busy_frac` less the generation lost to the
     weight sync), per engine. None where the share is unknown (older logs) or zero."""
+    engines = max(1, int(c.get("engines", 1)))
     if c["async_steps"] == 0:
-        return rnd(completion_tokens / gen, 1) if gen and gen == gen else None
+        return rnd(completion_tokens / gen / engines, 1) if gen and gen == gen else None
     if busy != busy or not wall or wall != wall:
         return None
     generating = busy - (0.0 if paused != paused else paused / wall)
     if generating <= 0:
         return None
-    return rnd(completion_tokens / (wall * generating) / max(1, int(c.get("engines", 1))), 1)
+    return rnd(completion_tokens / (wall * generating) / engines, 1)
 
 
 def gpu_time_share(
@@ -233,8 +234,9 @@ def summary_line(
         summary[f"standalone.{mode}.completion_tokens_per_s"] = r.get("completion_tokens_per_s")
         if rate:
             summary[f"rollout_over_standalone.{mode}"] = round(rate / r["completion_tokens_per_s"], 3)
-    # every run's engine rate against standalone vLLM on the same batch (n=G per prompt) in the same bench run
-    ref = (sa.get("step_plain") or next(iter(sa.values()), {})).get("completion_tokens_per_s")
+    # every run's engine rate against standalone vLLM on one step's batch (n=G per prompt) in the same bench run;
+    # an async run's engine may hold more than one step's requests at once (see `prompts_in_flight`)
+    ref = (sa.get("step_plain") or {}).get("completion_tokens_per_s")
     by_run = {
         k[0] if k[1] == "base" else f"{k[0]}:{k[1]}": round(r["engine_rollout_tokens_per_s"] / ref, 3)
         for k, r in results.items()

@@ -168,6 +168,7 @@ class VLLMEngine(VLLMWeightUpdates):
         dtype = cfg.model.dtype if cfg.model.dtype not in ("auto",) else "bfloat16"
         self._tokenizer_path = tokenizer_path or cfg.model.tokenizer_path or model_path
         self._tokenizer: Any = None  # loaded on first use: completions that vLLM did not detokenize
+        self._own_decode = False  # lean outputs: finished completions decoded here, once (`_completion_text`)
         args = AsyncEngineArgs(
             model=model_path,
             tokenizer=self._tokenizer_path,
@@ -205,8 +206,15 @@ class VLLMEngine(VLLMWeightUpdates):
         if cfg.rollout.vllm_lean_outputs:
             try:  # the tokenizer that decodes finished completions, loaded now rather than when the first batch ends
                 self._load_tokenizer()
-            except Exception as e:  # loaded (and failing loudly) on first use instead
-                logger.debug("engine %d: tokenizer not loaded at start-up: %s", engine_id, e)
+                self._own_decode = True
+            except Exception as e:  # vLLM keeps detokenizing (flat log-probs still on) rather than failing mid-run
+                logger.warning(
+                    "engine %d: tokenizer %s did not load (%s): vLLM detokenizes completions, as without "
+                    "--rollout.vllm-lean-outputs",
+                    engine_id,
+                    self._tokenizer_path,
+                    e,
+                )
         # Everything alive now (torch, vLLM, the tokenizer: millions of objects) lives as long as the process: kept
         # out of the collector's full passes, which otherwise stall this process's event loop (request outputs,
         # pause and weight-update calls) for the length of one pass. vLLM's own engine core and API server do
@@ -491,14 +499,18 @@ class VLLMEngine(VLLMWeightUpdates):
         )
 
     def _vllm_detokenizes(self, s: RlvrSamplingParams) -> bool:
-        return not self.cfg.rollout.vllm_lean_outputs or bool(s.stop_strings)
+        own = self.cfg.rollout.vllm_lean_outputs and self._own_decode
+        return not own or bool(s.stop_strings)
 
     def _completion_text(self, req: PromptRequest, comp: Any, token_ids: list[int]) -> str:
-        """vLLM's text where it detokenized, else (--rollout.vllm-lean-outputs, no stop strings) the tokenizer's
-        decode of the ids with special tokens skipped: the transformers engine's text for the same ids."""
+        """vLLM's text where it detokenized, else (--rollout.vllm-lean-outputs, no stop strings, the tokenizer
+        loaded at start-up) the tokenizer's decode of the ids with special tokens skipped and spaces left as they
+        are, as vLLM's detokenizer leaves them."""
         if self._vllm_detokenizes(req.sampling):
             return comp.text or ""
-        return str(self._load_tokenizer().decode(token_ids, skip_special_tokens=True))
+        return str(
+            self._load_tokenizer().decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        )
 
     def _load_tokenizer(self) -> Any:
         if self._tokenizer is None:

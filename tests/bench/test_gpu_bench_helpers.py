@@ -172,6 +172,7 @@ def test_engine_rollout_rate_is_per_engine_while_generating(bench: Any) -> None:
     phase; async 1 (generation overlaps training) over the engines' generating share of the step wall, per engine."""
     a0 = {"async_steps": 0, "engines": 1}
     assert bench.engine_rollout_rate(1000.0, 5.0, 2.0, 0.4, 0.0, a0) == 500.0
+    assert bench.engine_rollout_rate(1000.0, 5.0, 2.0, 0.4, 0.0, {"async_steps": 0, "engines": 2}) == 250.0
     a1 = {"async_steps": 1, "engines": 2}
     # 10 s steps, engines busy 90 % of which 1 s a step is generation lost to the sync: 80 % generating
     assert bench.engine_rollout_rate(16000.0, 10.0, 3.0, 0.9, 1.0, a1) == 1000.0
@@ -196,5 +197,7 @@ def test_summary_gives_each_run_s_rollout_over_standalone(bench: Any, tmp_path: 
     out = bench.summary_line(a, results, "card", None, 0.0, tmp_path / "b.jsonl")
     assert out["rollout_over_standalone_by_run"] == {"colocate1": 0.9, "colocate1:sleep": 1.05}
     assert out["standalone.step_plain.completion_tokens_per_s"] == 20000.0
+    results["standalone"] = results["standalone"][1:]  # no one-step n=G batch: no ratio, not another batch's
+    assert "rollout_over_standalone_by_run" not in bench.summary_line(a, results, "card", None, 0.0, tmp_path / "d")
     del results["standalone"]
     assert "rollout_over_standalone_by_run" not in bench.summary_line(a, results, "card", None, 0.0, tmp_path / "c")

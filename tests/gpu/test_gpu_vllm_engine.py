@@ -21,7 +21,7 @@ def _poll_until(eng, num: int, timeout: float = 90) -> list:
     return got
 
 
-@pytest.mark.parametrize("lean", [False, True], ids=["default", "lean"])
+@pytest.mark.parametrize("lean", [False, True], ids=["vllm_text", "lean"])
 def test_generate_logprobs_finish_reasons_versions(tmp_path, gpus, lean) -> None:
     gpus(1)
     from transformers import AutoTokenizer

@@ -373,7 +373,7 @@ def test_stats_busy_s_leaves_out_sleep(fake_vllm: type[FakeAsyncLLM]) -> None:
         engine.shutdown()
 
 
-@pytest.mark.parametrize("lean", [False, True], ids=["default", "lean_outputs"])
+@pytest.mark.parametrize("lean", [False, True], ids=["vllm_text", "lean_outputs"])
 def test_sampling_params_ask_for_flat_logprobs_when_lean(
     fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch, lean: bool
 ) -> None:
@@ -388,10 +388,48 @@ def test_sampling_params_ask_for_flat_logprobs_when_lean(
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
     engine = make_engine()
     engine.cfg.rollout.vllm_lean_outputs = lean
+    engine._own_decode = lean  # the tokenizer loaded (make_engine's model path has none; see the next tests)
     try:
         p = engine._vllm_params(RlvrSamplingParams(max_new_tokens=7, seed=3), 2)
         assert p.flat_logprobs is lean and p.detokenize is not lean and p.logprobs == 0 and p.output_kind is final_only
         assert p.max_tokens == 7 and p.seed == 5 and p.n == 1
+    finally:
+        engine.shutdown()
+
+
+def test_lean_outputs_without_a_tokenizer_let_vllm_detokenize(
+    fake_vllm: type[FakeAsyncLLM], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lean outputs are the default: where the tokenizer does not load at start-up, the engine says so once and
+    vLLM keeps detokenizing (flat log-probs still on), instead of every finished sample failing mid-run."""
+    import logging
+
+    from rlvr.rollout.vllm_engine import _Job
+    from rlvr.types import PromptRequest
+    from rlvr.types import SamplingParams as RlvrSamplingParams
+
+    monkeypatch.setattr(sys.modules["vllm"], "SamplingParams", _Req, raising=False)
+    kinds = types.ModuleType("vllm.sampling_params")
+    kinds.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
+    with caplog.at_level(logging.WARNING, logger="rlvr.rollout.vllm_engine"):
+        engine = make_engine()  # lean outputs by default; "/nonexistent/model" has no tokenizer
+    try:
+        assert engine.cfg.rollout.vllm_lean_outputs and not engine._own_decode
+        assert any(
+            "/nonexistent/model" in r.getMessage() and "vLLM detokenizes" in r.getMessage() for r in caplog.records
+        )
+        plain = RlvrSamplingParams(max_new_tokens=8)
+        p = engine._vllm_params(plain, 0)
+        assert p.detokenize is True and p.flat_logprobs is True
+        comp = types.SimpleNamespace(
+            token_ids=[5, 6],
+            logprobs=[{t: types.SimpleNamespace(logprob=-0.5)} for t in (5, 6)],
+            text="vLLM text",
+            finish_reason="length",
+        )
+        sample = engine._to_sample(_Job(0, PromptRequest("p", [1, 2], 1, plain)), 0, comp, 0)
+        assert sample.completion_text == "vLLM text"
     finally:
         engine.shutdown()
 
