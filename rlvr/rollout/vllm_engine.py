@@ -167,8 +167,7 @@ class VLLMEngine(VLLMWeightUpdates):
         self._started = time.monotonic()
         dtype = cfg.model.dtype if cfg.model.dtype not in ("auto",) else "bfloat16"
         self._tokenizer_path = tokenizer_path or cfg.model.tokenizer_path or model_path
-        self._tokenizer: Any = None  # loaded on first use: completions that vLLM did not detokenize
-        self._own_decode = False  # lean outputs: finished completions decoded here, once (`_completion_text`)
+        self._tokenizer: Any = None  # lean outputs: decodes finished completions here, once (`_completion_text`)
         args = AsyncEngineArgs(
             model=model_path,
             tokenizer=self._tokenizer_path,
@@ -205,8 +204,11 @@ class VLLMEngine(VLLMWeightUpdates):
             raise
         if cfg.rollout.vllm_lean_outputs:
             try:  # the tokenizer that decodes finished completions, loaded now rather than when the first batch ends
-                self._load_tokenizer()
-                self._own_decode = True
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    self._tokenizer_path, trust_remote_code=cfg.model.trust_remote_code
+                )
             except Exception as e:  # vLLM keeps detokenizing (flat log-probs still on) rather than failing mid-run
                 logger.warning(
                     "engine %d: tokenizer %s did not load (%s): vLLM detokenizes completions, as without "
@@ -499,8 +501,7 @@ class VLLMEngine(VLLMWeightUpdates):
         )
 
     def _vllm_detokenizes(self, s: RlvrSamplingParams) -> bool:
-        own = self.cfg.rollout.vllm_lean_outputs and self._own_decode
-        return not own or bool(s.stop_strings)
+        return self._tokenizer is None or bool(s.stop_strings)  # no tokenizer: lean outputs off, or it did not load
 
     def _completion_text(self, req: PromptRequest, comp: Any, token_ids: list[int]) -> str:
         """vLLM's text where it detokenized, else (--rollout.vllm-lean-outputs, no stop strings, the tokenizer
@@ -508,18 +509,7 @@ class VLLMEngine(VLLMWeightUpdates):
         are, as vLLM's detokenizer leaves them."""
         if self._vllm_detokenizes(req.sampling):
             return comp.text or ""
-        return str(
-            self._load_tokenizer().decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        )
-
-    def _load_tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(
-                self._tokenizer_path, trust_remote_code=self.cfg.model.trust_remote_code
-            )
-        return self._tokenizer
+        return str(self._tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
 
     def _file(self, job: _Job, sample: Sample) -> None:
         job.done[sample.sample_index] = sample

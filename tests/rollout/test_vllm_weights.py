@@ -388,7 +388,7 @@ def test_sampling_params_ask_for_flat_logprobs_when_lean(
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
     engine = make_engine()
     engine.cfg.rollout.vllm_lean_outputs = lean
-    engine._own_decode = lean  # the tokenizer loaded (make_engine's model path has none; see the next tests)
+    engine._tokenizer = object() if lean else None  # as if loaded (make_engine's model path has none; next tests)
     try:
         p = engine._vllm_params(RlvrSamplingParams(max_new_tokens=7, seed=3), 2)
         assert p.flat_logprobs is lean and p.detokenize is not lean and p.logprobs == 0 and p.output_kind is final_only
@@ -415,7 +415,7 @@ def test_lean_outputs_without_a_tokenizer_let_vllm_detokenize(
     with caplog.at_level(logging.WARNING, logger="rlvr.rollout.vllm_engine"):
         engine = make_engine()  # lean outputs by default; "/nonexistent/model" has no tokenizer
     try:
-        assert engine.cfg.rollout.vllm_lean_outputs and not engine._own_decode
+        assert engine.cfg.rollout.vllm_lean_outputs and engine._tokenizer is None
         assert any(
             "/nonexistent/model" in r.getMessage() and "vLLM detokenizes" in r.getMessage() for r in caplog.records
         )
