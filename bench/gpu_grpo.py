@@ -197,6 +197,7 @@ def run_config(
         "extra": a.extra,
         "peak_flops": peak,
         "note": extra_note,
+        "run_name": run_name,  # its metrics file beside bench.jsonl: <run_name>.metrics.jsonl
     }
     if a.dry_run:
         rec["cmd"] = "CUDA_VISIBLE_DEVICES=%s RLVR_IGNORE_EOS=1 %s" % (",".join(physical(gpus)), shlex.join(cmd))

@@ -21,14 +21,21 @@ def summarize_run(rows: list[dict[str, Any]], c: dict[str, Any], facts: dict[str
     out: dict[str, Any] = {"steps_logged": len(steps)}
     if not steps:
         return out
-    meas = steps[1:] if len(steps) > 1 else steps
-    out["steps_measured"] = len(meas) if len(steps) > 1 else 0  # 0: only the warm-up step is available
+    # Step 1 is warm-up (engine start, compile). With async_steps K the next K steps train on rollouts the engines
+    # made during that warm-up, so they come faster than the loop can keep up; they are left out too (while at
+    # least one step remains), so the figures are the steady state.
+    skip = min(1 + max(0, int(c.get("async_steps", 0))), len(steps) - 1) if len(steps) > 1 else 0
+    meas = steps[skip:]
+    out["steps_measured"] = len(meas) if skip else 0  # 0: only the warm-up step is available
+    out["steps_skipped"] = skip
 
     def m(k: str) -> float:
         return mean([r.get(k, float("nan")) for r in meas])
 
     # wall per step: gap between consecutive metric records (all of the loop), falling back to time/step
-    walls = [steps[i]["time"] - steps[i - 1]["time"] for i in range(1, len(steps))] or [steps[0]["time/step"]]
+    walls = [steps[i]["time"] - steps[i - 1]["time"] for i in range(max(1, skip), len(steps))] or [
+        steps[0]["time/step"]
+    ]
     wall = mean(walls)
     samples = m("rollout/num_samples")
     p_len, c_len = m("rollout/prompt_len_mean"), m("rollout/completion_len_mean")

@@ -107,7 +107,7 @@ def test_summary_reports_the_staged_sync_and_the_step_wall_spread(bench) -> None
     receive, whether every engine staged, and step wall p90/p50."""
     c = {"gpus": 2, "async_steps": 1, "colocate": False, "learners": 1}
     facts = {"N_matmul": 1e6, "L": 2, "d": 8, "vocab": 16}
-    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 12.0]  # 9 steps of 1 s, then one of 3 s
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 13.0]  # measured: 9 steps of 1 s, one of 3 s
     rows = [
         _step(i, t, **{"sync/engine_paused_s_max": 0.05, "sync/engine_stage_s_max": 0.4, "sync/engine_staged_min": 1.0})
         for i, t in enumerate(times)
@@ -118,10 +118,27 @@ def test_summary_reports_the_staged_sync_and_the_step_wall_spread(bench) -> None
     assert ws["engine_paused_s_max"] == 0.05 and ws["engine_stage_s_max"] == 0.4 and ws["engine_staged_min"] == 0.0
     assert out["step_wall_p90_over_p50"] == 1.0  # 9 of 10 walls are 1 s: p90 is still 1 s
     rows = rows[:-1] + [dict(rows[-1], time=30.0)]  # the last step now takes 21 s
-    rows += [dict(rows[-1], step=11, time=52.0)]
-    assert bench.summarize_run(rows, c, facts, None)["step_wall_p90_over_p50"] == 21.0
+    rows += [dict(rows[-1], step=12, time=52.0)]
+    assert bench.summarize_run(rows, c, facts, None)["step_wall_p90_over_p50"] == 20.0
     plain = [_step(i, t) for i, t in enumerate(times)]
     assert bench.summarize_run(plain, c, facts, None)["weight_sync"]["engine_staged_min"] is None
+
+
+def test_summary_leaves_out_the_steps_fed_by_the_warm_up(bench) -> None:
+    """With async_steps K the K steps after the warm-up train on rollouts made during it and come fast (here 2.2 s
+    against a steady 6.4 s); averaging them in overstated tokens/s. They are left out, the synchronous loop's
+    second step is not, and a run with too few steps keeps at least one."""
+    facts = {"N_matmul": 1e6, "L": 2, "d": 8, "vocab": 16}
+    times = [0.0, 2.2, 8.6, 15.0, 21.4, 27.8]
+    rows = [_step(i + 1, t) for i, t in enumerate(times)]
+    a1 = bench.summarize_run(rows, {"gpus": 1, "async_steps": 1, "colocate": True, "learners": 1}, facts, None)
+    assert a1["steps_skipped"] == 2 and a1["steps_measured"] == 4
+    assert a1["step_walls_s"] == [6.4, 6.4, 6.4, 6.4] and a1["step_wall_s"] == pytest.approx(6.4)
+    assert a1["tokens_per_s"] == pytest.approx(8 * 15 / 6.4, abs=0.1)  # rounded to 0.1
+    a0 = bench.summarize_run(rows, {"gpus": 1, "async_steps": 0, "colocate": True, "learners": 1}, facts, None)
+    assert a0["steps_skipped"] == 1 and a0["step_walls_s"][0] == 2.2
+    short = bench.summarize_run(rows[:2], {"gpus": 2, "async_steps": 2, "colocate": False, "learners": 1}, facts, None)
+    assert short["steps_skipped"] == 1 and short["steps_measured"] == 1 and short["step_walls_s"] == [2.2]
 
 
 def test_dry_run_prints_the_gpus_the_runs_would_use(tmp_path) -> None:

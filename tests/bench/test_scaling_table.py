@@ -24,9 +24,9 @@ def test_scaling_table_rows_from_committed_runs() -> None:
     rows = json.loads(lines[-1])["scaling_table"]
     assert len(rows) == 4 and lines[0].startswith("| run |") and len(lines) == 2 + 4 + 1
     staged = next(r for r in rows if r["model"] == "1.5B" and r["run"] == "split2_async1:staged")
-    assert staged["tokens_per_s_per_gpu"] == 7232.8 and staged["learner"] == "0.51 / 0.46 / 0.03"
+    assert staged["tokens_per_s_per_gpu"] == 7128.8 and staged["learner"] == "0.50 / 0.47 / 0.03"
     assert "--rollout.vllm-staged-sync True" in staged["extra"] and staged["card"] == "2 x NVIDIA H100 80GB HBM3"
-    assert "| 1.5B | 2 x NVIDIA H100 80GB HBM3 | 7.2k | 9.1 | 0.51 / 0.46 / 0.03 |" in proc.stdout
+    assert "| 1.5B | 2 x NVIDIA H100 80GB HBM3 | 7.1k | 9.3 | 0.50 / 0.47 / 0.03 |" in proc.stdout
 
 
 def test_scaling_table_bad_input_names_the_file(tmp_path: Path) -> None:
