@@ -40,5 +40,5 @@ case "$WHICH" in
     bench c15 300 --shape qwen2.5-1.5b --configs colocate1 --lanes none --steps 6 --run-timeout-s 285 ;;
   *) echo "unknown phase $WHICH" >&2; exit 2 ;;
 esac
-find "$dir" -name bench.jsonl -print0 | xargs -0 -r python3 bench/scaling_table.py | tee "$dir/scaling_table.md"
+find "$dir" -name bench.jsonl -print0 | xargs -0 -r python3 bench/scaling_table.py | tee "$dir/scaling_table.txt"
 tar -czf "$OUT/$WHICH.tgz" -C "$OUT" "$WHICH"
