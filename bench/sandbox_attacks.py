@@ -34,6 +34,8 @@ ASSERT_TESTS = [
     "assert sorted([add(2, 2), add(0, 1)]) == [1, 4]",
     "assert len(str(add(20, 22))) == 2",
     "assert math.isclose(add(0.1, 0.2), 0.3)",
+    "assert all(map(lambda x: add(x, 0) == x, [1, 2, 3]))",  # a StopIteration from add must not end map early
+    "assert not list(filter(lambda x: add(x, 1) != x + 1, [4, 5]))",
 ]  # `math` from the program's own import
 STDIO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6\n"}]
 HONEST = {

@@ -26,6 +26,9 @@ Invariants (why a wrong program cannot pass):
   program's); which module is decided by the name alone, never by the child.
 - Whatever the child sends (garbage, nothing, an early exit, a lie) can only make a call fail or return a
   value the program could have returned itself.
+- The program's builtin exceptions reach the test as themselves (a test may expect a ValueError), except
+  StopIteration and StopAsyncIteration, which arrive as RuntimeError: they are control flow, and raised inside a
+  test's `map`/`filter` they would end it early (`all(map(is_prime, primes))` true for any program).
 """
 
 from __future__ import annotations
@@ -229,6 +232,10 @@ class Channel:
         if "raised" in reply:
             name = reply["raised"]
             err = getattr(builtins, name, None) if type(name) is str else None
+            if err in (StopIteration, StopAsyncIteration):
+                # control flow, not an error: inside the test's map()/filter() it would end the iteration early,
+                # and `all(map(f, xs))` would pass. As PEP 479 does for generators, it arrives as RuntimeError.
+                raise RuntimeError(f"the program raised {name}")
             if isinstance(err, type) and issubclass(err, Exception) and err.__module__ == "builtins":
                 raise err("raised by the program")
             raise RemoteError("the program raised")
