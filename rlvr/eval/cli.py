@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -71,10 +72,36 @@ def run_config_for(model: str) -> Path | None:
     return None
 
 
+_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def code_references(data: Any, key: str = "") -> list[str]:
+    """Every place a config names Python code to import: `rewards.custom` modules and any "pkg.module:attr"
+    value (reward functions, environments, tools; `builtin:` names are rlvr's own data), as `key=value`
+    strings."""
+    if isinstance(data, dict):
+        return [r for k, v in data.items() for r in code_references(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(data, list):
+        if key == "rewards.custom":
+            return [f"{key}={v}" for v in data]
+        return [r for v in data for r in code_references(v, key)]
+    code = isinstance(data, str) and _IMPORT_PATH.fullmatch(data) and not data.startswith("builtin:")
+    return [f"{key}={data}"] if code else []
+
+
 def resolve_config(args: EvalArgs) -> ExperimentConfig:
     """The experiment config that drives requests and scoring: base config + these flags (module docstring)."""
     base_path = args.config or run_config_for(args.model)
-    cfg = from_dict(read_yaml(str(base_path))) if base_path else default_config()
+    data = read_yaml(str(base_path)) if base_path else None
+    if data is not None and not args.config:
+        # found beside the checkpoint, not named by the user: data, so it may not make eval import code
+        named = code_references(data)
+        if named:
+            raise ValueError(
+                f"{base_path} (the checkpoint's run config) names Python code to import ({', '.join(named)}); "
+                f"rlvr eval runs no code named by a file it found on its own: pass --config {base_path} to use it"
+            )
+    cfg = from_dict(data) if data is not None else default_config()
     from rlvr.models import resolve_model_path
 
     cfg.model.path = resolve_model_path(args.model)  # builtin:<pretrained name> -> its fetched directory

@@ -38,6 +38,7 @@ from rlvr.orchestration.health import (
 from rlvr.orchestration.run_dirs import (
     RunLock,
     check_compatible,
+    check_no_symlinks,
     create_run_dir,
     read_run_state,
     remove_created,
@@ -170,6 +171,7 @@ def prepare(
     new_name = run_dir is None and not cfg.logging.run_name  # a generated name: must be a new directory
     run_dir = run_dir or select_run_dir(cfg)
     new_name = new_name and not run_dir.root.exists()
+    check_no_symlinks(run_dir)  # before anything is written there
     if run_dir.root.is_dir():  # an rlvr run: what resume finds is logged with the run's events
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
     ckpt = run_dir.find_resume(resume or cfg.checkpoint.resume)
@@ -190,8 +192,6 @@ def prepare(
                 raise ValueError(f"run directory {run_dir.root} is in use by another rlvr process")
         _check_output_dir(cfg, run_dir)
         setup_logging("driver", None, cfg.logging.level, str(run_dir.path("events.log")))
-        run_dir.path("config.yaml").write_text(to_yaml(cfg))
-        write_run_state(run_dir, cfg, "running")
         logger.info("run directory %s%s", run_dir.root, f", resuming from {ckpt.name}" if ckpt else "", extra=CONSOLE)
         model_dir = prepare_model(cfg, run_dir)
         from transformers import AutoTokenizer
@@ -217,6 +217,9 @@ def prepare(
         from rlvr.orchestration.episodes import check_env_at_start
 
         check_env_at_start(cfg, model_dir, stream, evals)  # environments known, episode limits fit the model
+        # only now, every check passed: a start that fails leaves an existing run's config and state as they were
+        run_dir.path("config.yaml").write_text(to_yaml(cfg))
+        write_run_state(run_dir, cfg, "running")
     except BaseException:
         # a failed start leaves no stub run directory behind; removed while still locked, so no other driver
         # can have entered it

@@ -92,6 +92,27 @@ def read_run_state(root: Path) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
+def check_no_symlinks(run_dir: RunDir) -> None:
+    """rlvr makes no symbolic links in a run directory, and writes its files (config.yaml, metrics.jsonl,
+    events.log, samples, checkpoints) by name: a link planted there would send those writes to a file outside
+    the run. Such a run directory is refused before anything is written (its entries and those of
+    `checkpoints/`; the run directory itself and its parents may be links, e.g. to a larger disk)."""
+    root = run_dir.root
+    if not root.is_dir():
+        return
+    entries = list(root.iterdir())
+    ckpts = root / "checkpoints"
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        entries += list(ckpts.iterdir())
+    links = sorted(str(p.relative_to(root)) for p in entries if p.is_symlink())
+    if links:
+        raise ValueError(
+            f"run directory {root} holds symbolic links ({', '.join(links[:5])}{', ...' if len(links) > 5 else ''}): "
+            "rlvr writes its files there by name and will not write through a link; remove them or use a new "
+            "--logging.run-name"
+        )
+
+
 def write_run_state(run_dir: RunDir, cfg: ExperimentConfig, status: str, step: int | None = None) -> None:
     old = read_run_state(run_dir.root)
     write_json(

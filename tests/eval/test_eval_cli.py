@@ -113,6 +113,30 @@ def test_config_resolution(tmp_path: Path) -> None:
     assert default_ks(1) == [1] and default_ks(8) == [1, 2, 4, 8] and default_ks(6) == [1, 2, 4, 6]
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda c: setattr(c.rewards, "custom", ["mypkg.rewards"]),
+        lambda c: setattr(c.rewards, "functions", [{"name": "builtins:exec"}]),
+    ],
+)
+def test_a_run_config_found_beside_a_checkpoint_imports_no_code(tmp_path: Path, change) -> None:
+    """The run's config.yaml is read on its own when --model is a checkpoint: a tampered one that names code
+    (`builtins:exec` as a reward) is refused, naming the field; the same file given with --config is the user's."""
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "step_4"
+    ckpt.mkdir(parents=True)
+    cfg = default_config()
+    change(cfg)
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    with pytest.raises(
+        ValueError,
+        match=r"names Python code to import \(rewards\.(custom=mypkg\.rewards|functions\.name=builtins:exec)\)",
+    ):
+        resolve_config(EvalArgs(model=str(ckpt)))
+    resolve_config(EvalArgs(model=str(ckpt), config=str(run / "config.yaml")))  # named by the user: used
+
+
 def test_vllm_engine_missing_names_the_gpu_extra(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -70,6 +70,35 @@ def test_unrelated_directory_is_refused_and_untouched(tmp_path):
     assert (other / "metrics.jsonl").read_text() == "precious\n"
 
 
+def test_failed_start_leaves_an_existing_run_as_it_was(tmp_path):
+    """A start that fails its checks (here a missing dataset) on an existing run's name exits 2 and changes
+    neither its config.yaml nor its run state: they are written only once every check has passed."""
+    out = tmp_path / "runs"
+    d = _run(out, "done", "f" * 16, "finished", time.time() - 100)
+    before = {n: (d / n).read_bytes() for n in ("config.yaml", RUN_STATE)}
+    p = _train(out, "--logging.run-name", "done", "--data.datasets", "builtin:copy", str(tmp_path / "missing.jsonl"))
+    assert p.returncode == 2 and "missing.jsonl" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert {n: (d / n).read_bytes() for n in before} == before
+
+
+@pytest.mark.parametrize("link", ["metrics.jsonl", "config.yaml", "checkpoints/step_1"])
+def test_a_run_directory_with_a_symlink_is_refused_before_any_write(tmp_path, link):
+    """rlvr writes run files by name: a link planted in the run directory (or in its checkpoints/) would carry
+    those writes outside it. The start exits 2 naming the link, and the file it points to is untouched."""
+    out = tmp_path / "runs"
+    d = _run(out, "planted", "f" * 16, "preempted", time.time() - 100)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    target = d / link
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        target.unlink()
+    target.symlink_to(victim)
+    p = _train(out, "--logging.run-name", "planted")
+    assert p.returncode == 2 and "symbolic links" in p.stderr and link in p.stderr, p.stderr[-2000:]
+    assert victim.read_text() == "precious\n" and "Traceback" not in p.stderr
+
+
 def _run(out: Path, name: str, fingerprint: str, status: str, started: float) -> Path:
     d = out / name
     d.mkdir(parents=True)
