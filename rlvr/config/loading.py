@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -83,11 +84,18 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             if isinstance(value, str):
                 try:  # YAML 1.1 reads "1e-6" as a string
-                    return float(value)
+                    value = float(value)
                 except ValueError:
                     pass
-            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            raise ConfigError(f"{key}: {value!r} is out of range") from None
+        if not math.isfinite(number):  # no setting means anything at inf or nan; range checks miss both
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
@@ -141,9 +149,15 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {e.start}: {e.reason})") from e
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {e.strerror or e}") from e
+    except RecursionError:
+        raise ConfigError(f"config file {str(p)!r} nests too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

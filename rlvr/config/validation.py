@@ -6,6 +6,10 @@ cluster (GPUs Ray reports) are in `check_resources`, called by the driver and `r
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from typing import Any
+
 from rlvr.config.errors import ConfigError
 from rlvr.config.sections import ExperimentConfig
 
@@ -109,8 +113,31 @@ def _validate_env(cfg: ExperimentConfig) -> None:
         )
 
 
+def _non_finite(obj: Any, prefix: str = "") -> list[str]:
+    """`--section.field` of every float setting (and float in a list or mapping) that is inf or nan: no setting
+    means anything there, and range checks such as `lr > 0` let inf through."""
+    out: list[str] = []
+    for f in dataclasses.fields(obj):
+        v, flag = (
+            getattr(obj, f.name),
+            f"{prefix}.{f.name.replace('_', '-')}" if prefix else f"--{f.name.replace('_', '-')}",
+        )
+        if dataclasses.is_dataclass(v):
+            out += _non_finite(v, flag)
+            continue
+        values = v if isinstance(v, (list, tuple)) else list(v.values()) if isinstance(v, dict) else [v]
+        for x in values:
+            if dataclasses.is_dataclass(x) and not isinstance(x, type):
+                out += _non_finite(x, flag)
+            elif isinstance(x, float) and not math.isfinite(x):
+                out.append(f"{flag} {x}")
+    return out
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Raise `ConfigError` (a ValueError) naming the flag and the fix for the first problem found."""
+    bad = _non_finite(cfg)
+    _require(not bad, f"{', '.join(bad)}: settings must be finite numbers")
     g, r, a, lr, c = cfg.generation, cfg.rollout, cfg.algorithm, cfg.learner, cfg.cluster
     _require(
         g.num_samples >= 2,

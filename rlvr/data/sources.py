@@ -139,6 +139,8 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, int, Any]], list[BadRow]]:
             except json.JSONDecodeError as e:
                 reason = f"malformed JSON line: {e.msg} at column {e.colno}"
                 bad.append(BadRow(str(path), row, "<line>", reason, line_no))
+            except RecursionError:
+                bad.append(BadRow(str(path), row, "<line>", "JSON nested too deeply to be a dataset row", line_no))
             row += 1
     return entries, bad
 
@@ -146,8 +148,10 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, int, Any]], list[BadRow]]:
 def _read_json(path: Path) -> tuple[list[tuple[int, int | None, Any]], list[BadRow]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return _read_jsonl(path)  # JSON Lines saved as .json (as `datasets` accepts)
+    except (json.JSONDecodeError, RecursionError):
+        return _read_jsonl(path)  # JSON Lines saved as .json (as `datasets` accepts); its lines name the problem
+    except UnicodeDecodeError:
+        return _read_jsonl(path)  # the line that is not UTF-8 is named there
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(data) == 1 and len(lists) == 1:

@@ -78,6 +78,11 @@ def prepare_model(cfg: ExperimentConfig, run_dir: RunDir) -> str:
 
     corpus = tiny_model_corpus(cfg)  # the same text check_compatible derives the vocabulary size from
     if not corpus:
+        from rlvr.data.sources import load_dataset_rows
+
+        for spec in cfg.data.datasets:  # a local file with no usable row: its own error names the rows
+            if not spec.startswith("builtin:") and Path(spec).exists():
+                load_dataset_rows(spec, cfg, cfg.data.split)
         raise ValueError(
             "--model.path builtin:tiny trains its tokenizer on the datasets' text, and hub datasets "
             "are not read for it: give a local dataset file, a `builtin:<task>`, or a real model path"

@@ -47,6 +47,45 @@ def test_yaml_scientific_string_is_a_number():
 
 
 @pytest.mark.parametrize(
+    "data, pattern",
+    [
+        ({"learner": {"lr": float("inf")}}, r"learner.lr: expected a finite number"),
+        ({"learner": {"lr": "inf"}}, r"learner.lr: expected a finite number"),
+        ({"algorithm": {"kl_beta": float("nan")}}, r"algorithm.kl_beta: expected a finite number"),
+        ({"learner": {"lr": 10**400}}, r"learner.lr: .* is out of range"),
+    ],
+)
+def test_config_file_numbers_must_be_finite(data, pattern):
+    """Range checks such as `lr > 0` let inf through (and training then died in a Ray traceback)."""
+    with pytest.raises(ConfigError, match=pattern):
+        from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [["--learner.lr", "inf"], ["--algorithm.kl-beta", "-inf"], ["--num-steps", "3", "--generation.temperature", "nan"]],
+)
+def test_cli_numbers_must_be_finite(flag):
+    """Flags bypass the YAML conversion; the built config is checked as a whole, naming the flag (exit 2)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", *flag, "--dry-run", "True"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    name = flag[-2]
+    assert p.returncode == 2 and f"{name} " in p.stderr and "finite" in p.stderr, p.stderr[-1000:]
+    assert "Traceback" not in p.stderr
+
+
+def test_config_file_not_utf8_is_named(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_bytes(b"learner:\n  lr: \xff\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml' is not UTF-8 text"):
+        load_config(p)
+
+
+@pytest.mark.parametrize(
     "sections, pattern",
     [
         ({"generation": {"num_samples": 1}}, r"num-samples must be >= 2"),

@@ -90,3 +90,22 @@ def test_prompt_too_long_by_characters_is_dropped_without_tokenizing(tmp_path, t
     assert got == ["rows:0:0"]
     assert stream.counters["dropped_too_long"] == 1
     assert "row 1" in caplog.text and "600000 characters" in caplog.text and "not tokenized" in caplog.text
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_deeply_nested_row_is_a_bad_row_named_by_line(tmp_path, suffix):
+    """A line nested 100,000 deep overflows json's recursion: a bad row named by its line, not a RecursionError."""
+    path = tmp_path / f"deep{suffix}"
+    ok = json.dumps({"prompt": "ab1=", "ground_truth": "ab", "verifier": "copy"})
+    path.write_text(ok + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(DataError) as err:
+        load_dataset_rows(str(path), _cfg(), "train")
+    assert f"{path}:2 (row 1)" in str(err.value) and "nested too deeply" in str(err.value)
+
+
+def test_json_file_not_utf8_names_the_line(tmp_path):
+    path = tmp_path / "u.json"
+    path.write_bytes(b'[{"prompt": "\xff", "ground_truth": "2"}]\n')
+    with pytest.raises(DataError) as err:
+        load_dataset_rows(str(path), _cfg(), "train")
+    assert f"{path}:1 (row 0)" in str(err.value) and "not UTF-8" in str(err.value)

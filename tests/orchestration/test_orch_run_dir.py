@@ -287,3 +287,13 @@ def test_learner_failure_restart_keeps_the_run_locked(tmp_path, monkeypatch):
     lock = RunLock(root)  # released once the run is over
     assert lock.acquire()
     lock.release()
+
+
+def test_tiny_model_on_a_file_without_a_usable_row_names_the_rows(tmp_path):
+    """builtin:tiny learns its tokenizer from the datasets' text; a local file whose only row is bad used to get
+    the message for hub datasets. Its own rows are named instead."""
+    data = tmp_path / "u.json"
+    data.write_bytes(b'[{"prompt": "\xff", "ground_truth": "2"}]\n')
+    p = _train(tmp_path / "runs", "--data.datasets", str(data))
+    assert p.returncode == 2 and f"{data}:1 (row 0)" in p.stderr and "not UTF-8" in p.stderr, p.stderr[-2000:]
+    assert "hub datasets" not in p.stderr
