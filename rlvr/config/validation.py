@@ -138,6 +138,12 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Raise `ConfigError` (a ValueError) naming the flag and the fix for the first problem found."""
     bad = _non_finite(cfg)
     _require(not bad, f"{', '.join(bad)}: settings must be finite numbers")
+    name = cfg.logging.run_name
+    _require(
+        not name or (name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name),
+        f"--logging.run-name {name!r}: a run name is one directory name inside --checkpoint.output-dir "
+        "(no '/', not '.' or '..')",
+    )
     g, r, a, lr, c = cfg.generation, cfg.rollout, cfg.algorithm, cfg.learner, cfg.cluster
     _require(
         g.num_samples >= 2,

@@ -147,3 +147,11 @@ def test_resource_check_shows_arithmetic():
     cfg = from_dict({"cluster": {"device": "cuda", "num_learners": 2, "num_engines": 2, "engine_tp": 2}})
     with pytest.raises(ConfigError, match=r"= 6 GPUs, but Ray reports 4"):
         check_resources(cfg, num_gpus=4, num_cpus=64)
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", ".", "..", "/abs"])
+def test_run_name_is_one_directory_name(name):
+    """A run name with a path in it put the run outside --checkpoint.output-dir."""
+    with pytest.raises(ConfigError, match=r"--logging.run-name .*one directory name"):
+        _validate(logging={"run_name": name})
+    _validate(logging={"run_name": "my-run.2"})
