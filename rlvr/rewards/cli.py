@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 import tyro
 
+from rlvr.cli.outpaths import atomic_writer, check_output_file
 from rlvr.rewards.scorer import RewardFunctionSpec, RewardScorer, RewardsSettings
 from rlvr.types import RewardResult
 
@@ -43,7 +44,8 @@ class RewardArgs:
     input: str | None = None
     """JSONL file of rows, each with 'completion' plus metadata fields (ground_truth, verifier, tests, ...)."""
     output: str | None = None
-    """Where to write the scored rows (JSONL); without it, one result object per row is printed."""
+    """Where to write the scored rows (JSONL; a new file, or an earlier *.jsonl output, never --input or a run's
+    records); without it, one result object per row is printed."""
     weights: list[float] = field(default_factory=list)
     """Weights of the --fn functions, in the same order (default 1.0 each)."""
     params: list[str] = field(default_factory=list)
@@ -133,6 +135,10 @@ def _rows(args: RewardArgs) -> list[dict[str, Any]]:
     return rows
 
 
+OUTPUT_SUFFIXES = (".jsonl",)
+"""An existing --output file is replaced only with one of these suffixes (an earlier output, outside any run
+directory, not a symlink and not the --input file; rlvr.cli.outpaths); anything else exits 2 before scoring."""
+
 _LINE = "\x00line"  # a row's input line number, kept beside the row while scoring (never written out)
 
 
@@ -162,20 +168,31 @@ def run_reward(args: RewardArgs) -> int:
         print("\n".join(catalog_lines()))
         return 0
     try:
+        out = (
+            None
+            if args.output is None
+            else check_output_file(
+                args.output, "--output", replace_suffixes=OUTPUT_SUFFIXES, inputs=[args.input] if args.input else []
+            )
+        )
         settings = _settings(args)
         rows = _rows(args)
         results = _score(args, settings, rows)
     except (ValueError, OSError) as e:
         print(f"rlvr reward: {e}", file=sys.stderr)
         return 2
-    if args.output is None:
+    if out is None:
         for result in results:
             print(json.dumps(result.to_json(), ensure_ascii=False))
         return _report_failures(args, rows, results)
-    with open(args.output, "w", encoding="utf-8") as f:
-        for row, result in zip(rows, results):
-            plain = {k: v for k, v in row.items() if k != _LINE}
-            f.write(json.dumps({**plain, **result.to_json()}, ensure_ascii=False) + "\n")
+    try:
+        with atomic_writer(out) as f:
+            for row, result in zip(rows, results):
+                plain = {k: v for k, v in row.items() if k != _LINE}
+                f.write(json.dumps({**plain, **result.to_json()}, ensure_ascii=False) + "\n")
+    except OSError as e:
+        print(f"rlvr reward: --output {out}: {e}", file=sys.stderr)
+        return 2
     totals = [r.total for r in results if r.total is not None]
     corrects = [r.correct for r in results if r.correct is not None]
     print(

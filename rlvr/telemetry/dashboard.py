@@ -2,7 +2,9 @@
 
 A stdlib `http.server` on 127.0.0.1 serves one self-contained page (dashboard_assets/page.html: inline JS and
 SVG charts, no CDN, nothing fetched from the network) and a JSON endpoint `/api/data` that the page polls.
-`--export report.html` writes the same page with every record embedded, for viewing with no server at all.
+`--export report.html` writes the same page with every record embedded, for viewing with no server at all; it
+replaces an existing file only when that is an earlier report (a *.html file outside any run directory, not a
+symlink), and writes it atomically.
 
 Invariants:
 - The run files are read incrementally: each file's byte offset advances only past complete lines, so a
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from tyro.conf import Positional
+
+from rlvr.cli.outpaths import check_output_file, write_text_atomic
 
 RUN_FILES: dict[str, str] = {
     "metrics": "metrics.jsonl",
@@ -186,12 +190,17 @@ def render_page(data: dict[str, Any] | None, refresh_s: float = 2.0) -> str:
     return page.replace(DATA_PLACEHOLDER, blob.replace("\u2029", "\\u2029"), 1)
 
 
+EXPORT_SUFFIXES = (".html", ".htm")
+"""An existing file at the export path is replaced only when it has one of these suffixes (an earlier report)."""
+
+
 def export_html(run_dirs: list[str], path: str | os.PathLike[str]) -> Path:
-    """Write a self-contained static report of the runs to `path`."""
+    """Write a self-contained static report of the runs to `path`, atomically. The path is checked first
+    (rlvr.cli.outpaths): its directory exists, and it is new or an earlier report (a regular *.html file, not a
+    symlink, outside any run directory); anything else raises OutputPathError (a ValueError) and nothing is written."""
+    out = check_output_file(path, "--export", replace_suffixes=EXPORT_SUFFIXES)
     data = Dashboard(run_dirs).payload()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_page(data), encoding="utf-8")
+    write_text_atomic(out, render_page(data))
     return out
 
 
@@ -277,7 +286,8 @@ class DashboardArgs:
     port: int = 8765
     """Port on 127.0.0.1 (0 = any free port)."""
     export: str | None = None
-    """Write a self-contained static HTML report to this path and exit instead of serving."""
+    """Write a self-contained static HTML report to this path and exit instead of serving (a new file, or an
+    earlier *.html report outside the run directories: nothing else is overwritten)."""
     refresh_s: float = 2.0
     """Seconds between the page's polls for new records."""
 
