@@ -339,7 +339,10 @@ class LearnerWorker:
             return
         state = {}
         for f in sorted(Path(hf_dir).glob("*.safetensors")):
-            state.update(load_file(str(f)))
+            try:
+                state.update(load_file(str(f)))
+            except Exception as e:  # trust boundary: safetensors raises its own error types on a malformed file
+                raise ValueError(f"{f}: unreadable safetensors file: {e}") from None
         with self.backend.gathered(modify=True) as model:
             missing, unexpected = model.load_state_dict(state, strict=False)
             missing = [m for m in missing if not m.endswith("lm_head.weight")]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -71,22 +72,24 @@ def verify_manifest(ckpt: Path, checksums: bool = True) -> str | None:
     if not m.is_file():
         return "no MANIFEST.json (incomplete write)"
     try:
-        manifest = json.loads(m.read_text())
-        files = manifest["files"]
-        assert isinstance(files, dict)
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError) as e:
+        manifest = _parse_json(m)
+        _check_manifest(manifest)
+    except (OSError, ValueError) as e:
         return f"MANIFEST.json unreadable: {e}"
     root = ckpt.resolve()
-    for rel, info in files.items():
+    for rel, info in manifest["files"].items():
         p = ckpt / rel
-        if root not in p.resolve().parents:
-            return f"MANIFEST.json names a file outside the checkpoint: {rel}"
-        if not p.is_file():
-            return f"missing file {rel}"
-        if not isinstance(info, dict) or p.stat().st_size != info.get("size"):
-            return f"size mismatch for {rel}"
-        if checksums and _sha256(p) != info.get("sha256"):
-            return f"checksum mismatch for {rel}"
+        try:
+            if root not in p.resolve().parents:
+                return f"MANIFEST.json names a file outside the checkpoint: {rel!r}"
+            if not p.is_file():
+                return f"missing file {rel}"
+            if p.stat().st_size != info["size"]:
+                return f"size mismatch for {rel}"
+            if checksums and _sha256(p) != info["sha256"]:
+                return f"checksum mismatch for {rel}"
+        except (OSError, ValueError) as e:  # a name no file system holds (NUL byte, too long, a loop)
+            return f"MANIFEST.json names an unusable path {rel!r}: {e}"
     return None
 
 
@@ -118,6 +121,7 @@ def unsafe_content(ckpt: Path) -> str | None:
         return f"trainer_state/{DRIVER_STATE} is missing (a checkpoint of an older rlvr, or not rlvr's)"
     try:
         read_driver_state(ckpt)
+        read_checkpoint_configs(ckpt)
     except CheckpointError as e:
         return str(e).split(": ", 1)[-1]
     return None
@@ -128,14 +132,219 @@ def write_driver_state(state_dir: Path, state: dict[str, Any]) -> None:
 
 
 def read_driver_state(ckpt: Path) -> dict[str, Any]:
+    """`trainer_state/driver.json`, checked against `check_driver_state` before any field is used;
+    `CheckpointError` naming the file and the field otherwise."""
     path = ckpt / "trainer_state" / DRIVER_STATE
     try:
-        state = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt}: {path.name} unreadable: {e}") from e
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise CheckpointError(f"checkpoint {ckpt}: {path.name} is not an rlvr driver state (no integer 'step')")
+        state = _parse_json(path)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: trainer_state/{DRIVER_STATE} unreadable: {e}") from None
+    try:
+        check_driver_state(state)
+    except SchemaError as e:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: trainer_state/{DRIVER_STATE} is not an rlvr driver state: {e}"
+        ) from None
     return state
+
+
+def read_checkpoint_configs(ckpt: Path) -> None:
+    """The checkpoint's other JSON documents, checked before anything reads them: the model's `config.json`
+    (a JSON object; its shape fields integers) and, for a LoRA checkpoint, `adapter_config.json`
+    (`rlvr.rollout.lora.check_adapter_config`). `CheckpointError` naming the file and field."""
+    from rlvr.rollout import lora
+
+    config = ckpt / "config.json"
+    if config.is_file():
+        try:
+            doc = _parse_json(config)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"checkpoint {ckpt}: config.json unreadable: {e}") from None
+        try:
+            _check_model_config(doc)
+        except SchemaError as e:
+            raise CheckpointError(f"checkpoint {ckpt}: config.json is not a model config: {e}") from None
+    if (ckpt / lora.CONFIG_FILE).exists():
+        try:
+            lora.read_adapter_config(ckpt)
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {ckpt}: {e}") from None
+
+
+# ------------------------------------------------------------------------------ schemas of checkpoint JSON
+class SchemaError(ValueError):
+    """A JSON document does not have its expected shape; the message names the field (`ledger.state['x']`)."""
+
+
+def _parse_json(path: Path) -> Any:
+    """A JSON document from disk; ValueError (never another type) for text that is not one. Python's parser also
+    takes NaN and Infinity: the schemas refuse them where a number must be finite."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(str(e)) from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _what(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (bool, int, float, str, type(None))) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is a subclass of int: `true` is not a step
+
+
+def expect_int(value: Any, where: str, minimum: int | None = None) -> int:
+    if not _is_int(value):
+        raise SchemaError(f"{where} must be an integer, got {_what(value)}")
+    if minimum is not None and value < minimum:
+        raise SchemaError(f"{where} must be >= {minimum}, got {value}")
+    return value
+
+
+def expect_number(value: Any, where: str, minimum: float | None = None, positive: bool = False) -> float:
+    if not (_is_int(value) or type(value) is float) or not math.isfinite(value):
+        raise SchemaError(f"{where} must be a finite number, got {_what(value)}")
+    if positive and value <= 0:
+        raise SchemaError(f"{where} must be > 0, got {value}")
+    if minimum is not None and value < minimum:
+        raise SchemaError(f"{where} must be >= {minimum}, got {value}")
+    return value
+
+
+def expect_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(f"{where} must be a string, got {_what(value)}")
+    return value
+
+
+def expect_list(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise SchemaError(f"{where} must be a list, got {_what(value)}")
+    return value
+
+
+def expect_object(value: Any, where: str, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> dict:
+    """A JSON object with every `required` key and no key beyond `required` + `optional` (when either is given)."""
+    if not isinstance(value, dict):
+        raise SchemaError(f"{where} must be a JSON object, got {_what(value)}")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise SchemaError(f"{where} has no {missing[0]!r}")
+    if required or optional:
+        extra = sorted(set(value) - set(required) - set(optional))
+        if extra:
+            raise SchemaError(f"{where} has an unexpected field {extra[0]!r}")
+    return value
+
+
+def _check_manifest(m: Any) -> None:
+    expect_object(m, "MANIFEST.json", ("step", "files"))
+    expect_int(m["step"], "step", 0)
+    for rel, info in expect_object(m["files"], "files").items():
+        expect_object(info, f"files[{rel!r}]", ("size", "sha256"))
+        expect_int(info["size"], f"files[{rel!r}].size", 0)
+        expect_str(info["sha256"], f"files[{rel!r}].sha256")
+
+
+def _check_model_config(doc: Any) -> None:
+    from rlvr.orchestration.run_dirs import _SHAPE_KEYS
+
+    expect_object(doc, "config.json")
+    for k in _SHAPE_KEYS:
+        if k in doc and doc[k] is not None:
+            expect_str(doc[k], k) if k == "model_type" else expect_int(doc[k], k, 0)
+
+
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop_strings", "stop_token_ids", "seed")
+_REQUEST_FIELDS = ("sampling", "metadata", "is_eval", "prompt_text")
+
+
+def _check_request(r: Any, where: str) -> None:
+    """A `PromptRequest` as `request_to_json` writes it (metadata: any JSON object, it is dataset data)."""
+    expect_object(r, where, ("prompt_id", "prompt_token_ids", "num_samples"), _REQUEST_FIELDS)
+    expect_str(r["prompt_id"], f"{where}.prompt_id")
+    for i, t in enumerate(expect_list(r["prompt_token_ids"], f"{where}.prompt_token_ids")):
+        expect_int(t, f"{where}.prompt_token_ids[{i}]", 0)
+    expect_int(r["num_samples"], f"{where}.num_samples", 1)
+    if "sampling" in r:
+        s = expect_object(r["sampling"], f"{where}.sampling", optional=_SAMPLING_FIELDS)
+        w = f"{where}.sampling"
+        if "temperature" in s:
+            expect_number(s["temperature"], f"{w}.temperature", 0)
+        if "top_p" in s:
+            expect_number(s["top_p"], f"{w}.top_p", 0)
+        if "top_k" in s:
+            expect_int(s["top_k"], f"{w}.top_k", -1)
+        if "max_new_tokens" in s:
+            expect_int(s["max_new_tokens"], f"{w}.max_new_tokens", 0)
+        for i, x in enumerate(expect_list(s.get("stop_strings", []), f"{w}.stop_strings")):
+            expect_str(x, f"{w}.stop_strings[{i}]")
+        for i, x in enumerate(expect_list(s.get("stop_token_ids", []), f"{w}.stop_token_ids")):
+            expect_int(x, f"{w}.stop_token_ids[{i}]", 0)
+        if s.get("seed") is not None:
+            expect_int(s["seed"], f"{w}.seed")
+    if "metadata" in r:
+        expect_object(r["metadata"], f"{where}.metadata")
+    if "is_eval" in r and not isinstance(r["is_eval"], bool):
+        raise SchemaError(f"{where}.is_eval must be true or false, got {_what(r['is_eval'])}")
+    if "prompt_text" in r:
+        expect_str(r["prompt_text"], f"{where}.prompt_text")
+
+
+def _check_ledger(d: Any) -> None:
+    """`PromptLedger.state_dict()` (failure_reasons optional: older checkpoints lack it)."""
+    from rlvr.orchestration.accounting import TERMINAL
+
+    expect_object(d, "ledger", ("state", "in_flight", "extra_pulled"), ("failure_reasons",))
+    for pid, st in expect_object(d["state"], "ledger.state").items():
+        if st not in TERMINAL:
+            raise SchemaError(f"ledger.state[{pid!r}] must be one of {', '.join(TERMINAL)}, got {_what(st)}")
+    for i, pid in enumerate(expect_list(d["in_flight"], "ledger.in_flight")):
+        expect_str(pid, f"ledger.in_flight[{i}]")
+    for k, v in expect_object(d["extra_pulled"], "ledger.extra_pulled").items():
+        if k not in TERMINAL:
+            raise SchemaError(f"ledger.extra_pulled has an unexpected field {k!r}")
+        expect_int(v, f"ledger.extra_pulled[{k!r}]", 0)
+    for pid, reason in expect_object(d.get("failure_reasons", {}), "ledger.failure_reasons").items():
+        expect_str(reason, f"ledger.failure_reasons[{pid!r}]")
+
+
+def _check_stream(d: Any) -> None:
+    """`PromptStream.state_dict()` (its `load_state_dict` checks the version and the datasets against the config)."""
+    w = "feeder.stream"
+    expect_object(d, w, ("version", "num_pulled", "cursors", "counters", "datasets", "shuffle_seed"))
+    expect_int(d["version"], f"{w}.version")
+    expect_int(d["num_pulled"], f"{w}.num_pulled", 0)
+    for i, c in enumerate(expect_list(d["cursors"], f"{w}.cursors")):
+        if not isinstance(c, list) or len(c) != 2:
+            raise SchemaError(f"{w}.cursors[{i}] must be [epoch, position], got {_what(c)}")
+        expect_int(c[0], f"{w}.cursors[{i}][0]", 0)
+        expect_int(c[1], f"{w}.cursors[{i}][1]", 0)
+    for k, v in expect_object(d["counters"], f"{w}.counters").items():
+        expect_int(v, f"{w}.counters[{k!r}]", 0)
+    for i, ds in enumerate(expect_list(d["datasets"], f"{w}.datasets")):
+        if not isinstance(ds, list) or len(ds) != 2:
+            raise SchemaError(f"{w}.datasets[{i}] must be [name, rows], got {_what(ds)}")
+        expect_str(ds[0], f"{w}.datasets[{i}][0]")
+        expect_int(ds[1], f"{w}.datasets[{i}][1]", 0)
+    expect_int(d["shuffle_seed"], f"{w}.shuffle_seed")
+
+
+def check_driver_state(state: Any) -> None:
+    """The schema of driver.json (what `Trainer.save_checkpoint` writes): SchemaError naming the first bad field.
+
+    {"step": int >= 0, "ledger": PromptLedger.state_dict(), "feeder": {"requeue": [PromptRequest as JSON],
+    "stream": PromptStream.state_dict()}}; integers are never booleans, numbers are finite, no unknown fields."""
+    expect_object(state, "driver state", ("step", "ledger", "feeder"))
+    expect_int(state["step"], "step", 0)
+    _check_ledger(state["ledger"])
+    feeder = expect_object(state["feeder"], "feeder", ("requeue", "stream"))
+    for i, r in enumerate(expect_list(feeder["requeue"], "feeder.requeue")):
+        _check_request(r, f"feeder.requeue[{i}]")
+    _check_stream(feeder["stream"])
 
 
 class RunDir:

@@ -324,7 +324,10 @@ class Trainer:
         load_learners(self.actors.learners, ckpt, self.timeout)
         self.step = self.saved_step = d["step"]
         self.ledger.load_state_dict(d["ledger"])
-        self.feeder.load_state_dict(d["feeder"])
+        try:
+            self.feeder.load_state_dict(d["feeder"])
+        except ValueError as e:  # the prompt stream refuses a position over other datasets
+            raise CheckpointError(f"checkpoint {ckpt}: {e}") from None
         self.collector.pending = []  # groups collected ahead of the checkpoint are regenerated (ids in flight)
         self.log.truncate_after(self.step)
         self.weights.sync(self.step)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 from collections.abc import Iterable, Iterator
@@ -34,7 +35,7 @@ class LoraSpec:
     """The adapter's shape and scaling (PEFT LoraConfig fields of the same meaning)."""
 
     rank: int
-    alpha: int
+    alpha: float  # an int in rlvr's own adapters; a float from an exported one is kept as it is
     dropout: float
     target_modules: tuple[str, ...]
 
@@ -228,21 +229,78 @@ def write_safetensors(named: list[tuple[str, torch.Tensor]], path: Path) -> None
             f.write(memoryview(t.view(torch.uint8).numpy()))
 
 
+def check_adapter_config(config: Any, where: str | Path) -> dict[str, Any]:
+    """`config` (adapter_config.json as parsed) when it is a LoRA config rlvr can use, else ValueError naming
+    `where` and the field: `r` a positive integer (never a bool or a float), `lora_alpha` (optional, default
+    `r`) a finite positive number, `target_modules` (optional) a non-empty list of strings or one pattern string,
+    `lora_dropout` (optional) a finite number in [0, 1), `base_model_name_or_path` a string or null, `peft_type`
+    (optional) "LORA", and `rank_pattern` / `alpha_pattern` (optional) empty: per-module ranks are not rlvr's."""
+
+    def bad(field: str, want: str) -> ValueError:
+        got = config.get(field)
+        text = json.dumps(got) if isinstance(got, (bool, int, float, str, type(None))) else type(got).__name__
+        return ValueError(f"{where}: {field} must be {want}, got {text[:60]}")
+
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: not a LoRA adapter config (a JSON object), got {type(config).__name__}")
+    if "r" not in config:
+        raise ValueError(f"{where}: not a LoRA adapter config (no r)")
+    r = config["r"]
+    if type(r) is not int or r <= 0:
+        raise bad("r", "a positive integer")
+    if "lora_alpha" in config:
+        a = config["lora_alpha"]
+        if type(a) not in (int, float) or not math.isfinite(a) or a <= 0:
+            raise bad("lora_alpha", "a finite positive number")
+    targets = config.get("target_modules")
+    if targets is not None:  # absent or null: peft's defaults (`rlvr export` needs it and says so)
+        if isinstance(targets, str):
+            ok = bool(targets)
+        else:
+            ok = isinstance(targets, list) and bool(targets) and all(isinstance(t, str) and t for t in targets)
+        if not ok:
+            raise bad("target_modules", "a non-empty list of module names")
+    if "lora_dropout" in config:
+        d = config["lora_dropout"]
+        if type(d) not in (int, float) or not math.isfinite(d) or not 0 <= d < 1:
+            raise bad("lora_dropout", "a number in [0, 1)")
+    if config.get("base_model_name_or_path") is not None and not isinstance(config["base_model_name_or_path"], str):
+        raise bad("base_model_name_or_path", "a path (a string)")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise bad("peft_type", '"LORA"')
+    for field in ("rank_pattern", "alpha_pattern"):
+        if config.get(field) not in (None, {}):
+            raise bad(field, "empty (rlvr adapters have one rank and alpha)")
+    return config
+
+
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    """The adapter directory's adapter_config.json, checked by `check_adapter_config`; ValueError naming the file
+    (and the field) when it is missing, unreadable or not a usable LoRA config."""
+    f = Path(path) / CONFIG_FILE
+    try:
+        config = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise ValueError(
+            f"{f}: not a LoRA adapter config ({CONFIG_FILE} of a LoRA adapter directory): {reason}"
+        ) from None
+    return check_adapter_config(config, f)
+
+
 def read_adapter_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(adapter_config.json, tensors) of an adapter directory: JSON and safetensors, nothing unpickled.
-    ValueError when either is missing or unreadable."""
+    ValueError when either is missing or unreadable, or the config is not one `check_adapter_config` takes."""
     from safetensors.torch import load_file
 
     p = Path(path)
+    config = read_adapter_config(p)
     try:
-        config = json.loads((p / CONFIG_FILE).read_text())
         tensors = load_file(str(p / WEIGHTS_FILE))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except OSError as e:
         raise ValueError(f"{p}: not a LoRA adapter directory ({CONFIG_FILE} + {WEIGHTS_FILE}): {e}") from None
     except Exception as e:  # trust boundary: safetensors raises its own error types on a malformed file
         raise ValueError(f"{p / WEIGHTS_FILE}: unreadable safetensors file: {e}") from None
-    if not isinstance(config, dict) or int(config.get("r", 0) or 0) <= 0:
-        raise ValueError(f"{p / CONFIG_FILE}: not a LoRA adapter config (no positive `r`)")
     return config, tensors
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator
 
@@ -50,11 +51,23 @@ def decode_meta(payload: bytes) -> Meta:
         raw = json.loads(payload.decode())
         if not isinstance(raw, list):
             raise TypeError(f"expected a list, got {type(raw).__name__}")
-        meta = [(str(name), _DTYPES[dt], tuple(int(d) for d in shape)) for name, dt, shape in raw]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        meta = []
+        for i, entry in enumerate(raw):
+            if not isinstance(entry, list) or len(entry) != 3:
+                raise TypeError(f"entry {i} is not [name, dtype, shape]")
+            name, dt, shape = entry
+            # exact types: json takes Infinity, 1.5, true and "3", none of which is a dimension
+            if not isinstance(name, str) or not isinstance(dt, str) or not isinstance(shape, list):
+                raise TypeError(f"entry {i} is not [name, dtype, shape] of a string, a string and a list")
+            if not all(type(d) is int for d in shape):
+                raise TypeError(f"entry {i} ({name!r}) has a dimension that is not an integer: {shape[:8]}")
+            meta.append((name, _DTYPES[dt], tuple(shape)))
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as e:
         raise ValueError(f"weight-sync metadata from the sender is malformed: {type(e).__name__}: {e}") from None
     if any(d < 0 for _, _, shape in meta for d in shape):
         raise ValueError("weight-sync metadata from the sender has a negative dimension")
+    if any(math.prod(shape) >= 1 << 62 for _, _, shape in meta):
+        raise ValueError("weight-sync metadata from the sender has a tensor too large to exist")
     return meta
 
 

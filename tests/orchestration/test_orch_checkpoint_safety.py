@@ -47,7 +47,18 @@ def _fake_checkpoint(run: RunDir, step: int, hidden: int = 64, model_config: dic
         {"torch": torch.get_rng_state(), "python": [3, [1, 2, 3], None], "version": step, "skipped": 0},
         state / "rng_rank0.pt",
     )
-    write_driver_state(state, {"step": step, "ledger": {}, "feeder": {"requeue": []}})
+    from rlvr.orchestration.accounting import PromptLedger
+
+    stream = {
+        "version": 1,
+        "num_pulled": 0,
+        "cursors": [[0, 0]],
+        "datasets": [["ds", 10]],
+        "shuffle_seed": 0,
+        "counters": {"pulled": 0, "dropped_too_long": 0, "skipped_bad_row": 0},
+    }
+    driver = {"step": step, "ledger": PromptLedger().state_dict(), "feeder": {"requeue": [], "stream": stream}}
+    write_driver_state(state, driver)
     return run.commit_checkpoint(tmp, step, keep_last=100)
 
 
