@@ -249,9 +249,19 @@ def _check_manifest(m: Any) -> None:
         expect_str(info["sha256"], f"files[{rel!r}].sha256")
 
 
-def _check_model_config(doc: Any) -> None:
-    from rlvr.orchestration.run_dirs import _SHAPE_KEYS
+_SHAPE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+)
+"""Architecture fields of a model's config.json that decide whether a checkpoint fits a config (run_dirs)."""
 
+
+def _check_model_config(doc: Any) -> None:
     expect_object(doc, "config.json")
     for k in _SHAPE_KEYS:
         if k in doc and doc[k] is not None:

@@ -26,22 +26,13 @@ from typing import Any
 
 from rlvr.config import ExperimentConfig
 from rlvr.models import is_pretrained, model_dir
-from rlvr.orchestration.checkpoint import FRESH_START_HINT, CheckpointError, RunDir, write_json
+from rlvr.orchestration.checkpoint import _SHAPE_KEYS, FRESH_START_HINT, CheckpointError, RunDir, write_json
 from rlvr.telemetry.logs import get_logger
 
 logger = get_logger(__name__)
 
 RUN_STATE = "run.json"
 """Per run directory: {"config": fingerprint, "status": running | preempted | finished, "step", "started"}."""
-_SHAPE_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
-)
 
 
 def config_fingerprint(cfg: ExperimentConfig) -> str:
