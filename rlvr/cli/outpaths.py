@@ -47,6 +47,17 @@ def _check_existing_ancestor(path: Path, flag: str) -> None:
             return
 
 
+def _writable_parent(out: Path, flag: str, where: str) -> Path:
+    """`out`'s parent, which must be an existing, writable directory (no ancestor a file)."""
+    parent = out.parent
+    if not parent.is_dir():
+        _check_existing_ancestor(out, flag)
+        raise OutputPathError(f"{where}: the directory {parent} does not exist (create it first)")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{where}: the directory {parent} is not writable")
+    return parent
+
+
 def check_output_file(
     path: str | os.PathLike[str],
     flag: str,
@@ -61,12 +72,7 @@ def check_output_file(
     if not str(path) or out.name in ("", ".", ".."):
         raise OutputPathError(f"{flag} {str(path)!r}: not a file name")
     where = f"{flag} {out}"
-    parent = out.parent
-    if not parent.is_dir():
-        _check_existing_ancestor(out, flag)
-        raise OutputPathError(f"{where}: the directory {parent} does not exist (create it first)")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{where}: the directory {parent} is not writable")
+    parent = _writable_parent(out, flag, where)
     if not os.path.lexists(out):
         return out
     if out.is_symlink():
@@ -107,12 +113,7 @@ def check_new_dir(path: str | os.PathLike[str], flag: str, inputs: Iterable[str 
             raise OutputPathError(f"{where}: cannot be read ({e.strerror})") from e
         if not empty:
             raise OutputPathError(f"{where}: exists and is not empty; refusing to write into it: give a new directory")
-    parent = out.parent
-    if not parent.is_dir():
-        _check_existing_ancestor(out, flag)
-        raise OutputPathError(f"{where}: the directory {parent} does not exist (create it first)")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{where}: the directory {parent} is not writable")
+    _writable_parent(out, flag, where)
     resolved = out.resolve()
     for src in inputs:
         src_resolved = Path(src).resolve()

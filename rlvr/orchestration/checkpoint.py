@@ -27,7 +27,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rlvr.telemetry.logs import get_logger
 
@@ -134,18 +134,21 @@ def write_driver_state(state_dir: Path, state: dict[str, Any]) -> None:
 def read_driver_state(ckpt: Path) -> dict[str, Any]:
     """`trainer_state/driver.json`, checked against `check_driver_state` before any field is used;
     `CheckpointError` naming the file and the field otherwise."""
-    path = ckpt / "trainer_state" / DRIVER_STATE
+    return _read_checked(ckpt, f"trainer_state/{DRIVER_STATE}", check_driver_state, "an rlvr driver state")
+
+
+def _read_checked(ckpt: Path, rel: str, check: Callable[[Any], None], what: str) -> Any:
+    """The JSON document `ckpt/rel`, parsed and passed through `check` (which raises SchemaError);
+    `CheckpointError` naming the file, and the field, otherwise."""
     try:
-        state = _parse_json(path)
+        doc = _parse_json(ckpt / rel)
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {ckpt}: trainer_state/{DRIVER_STATE} unreadable: {e}") from None
+        raise CheckpointError(f"checkpoint {ckpt}: {rel} unreadable: {e}") from None
     try:
-        check_driver_state(state)
+        check(doc)
     except SchemaError as e:
-        raise CheckpointError(
-            f"checkpoint {ckpt}: trainer_state/{DRIVER_STATE} is not an rlvr driver state: {e}"
-        ) from None
-    return state
+        raise CheckpointError(f"checkpoint {ckpt}: {rel} is not {what}: {e}") from None
+    return doc
 
 
 def read_checkpoint_configs(ckpt: Path) -> None:
@@ -154,16 +157,8 @@ def read_checkpoint_configs(ckpt: Path) -> None:
     (`rlvr.rollout.lora.check_adapter_config`). `CheckpointError` naming the file and field."""
     from rlvr.rollout import lora
 
-    config = ckpt / "config.json"
-    if config.is_file():
-        try:
-            doc = _parse_json(config)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {ckpt}: config.json unreadable: {e}") from None
-        try:
-            _check_model_config(doc)
-        except SchemaError as e:
-            raise CheckpointError(f"checkpoint {ckpt}: config.json is not a model config: {e}") from None
+    if (ckpt / "config.json").is_file():
+        _read_checked(ckpt, "config.json", _check_model_config, "a model config")
     if (ckpt / lora.CONFIG_FILE).exists():
         try:
             lora.read_adapter_config(ckpt)
